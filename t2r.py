@@ -1,0 +1,636 @@
+"""
+T2R: Finetuning Pretrained Transformers into RNNs (Kasai et al., EMNLP 2021), in one file.
+
+A transformer language model and an encoder-decoder translator whose attention can be
+    softmax : exp(q.k / sqrt(d))                            (Eq. 2, the pretrained teacher)
+    t2r     : relu(W_phi q + b_phi) . relu(W_phi k + b_phi) (Eq. 3, learned ReLU-MLP feature map)
+    elu     : (elu(q) + 1) . (elu(k) + 1)                   (Katharopoulos et al., 2020)
+    rfa     : random Fourier features of l2-normalised q, k (Peng et al., 2021)
+Every kind has a parallel form for training and a recurrent form for generation:
+the linear kinds keep a state S (k x d) and z (k) per head (Eqs. 5-7), softmax keeps a KV cache.
+`convert` is the swap of section 2.2, `fold` merges the feature map into W_q, W_k (Eq. 8).
+
+    python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune
+    python generate.py                        # sample with the recurrent form
+    python -m pytest -q                       # the forms agree; see test_t2r.py
+
+Shapes: B batch, T target length, S source length, H heads (r in the paper),
+d head size, k feature size, h = H * d model size, V vocabulary.
+"""
+
+import copy
+import math
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
+
+# The one epsilon rule of every linear form (quadratic, chunked, non-causal, recurrent):
+# ReLU features can all be zero, so the normaliser phi(q).z of Eq. 7 can be zero.
+EPS = 1e-6
+
+
+@dataclass
+class Config:
+    vocab_size: int = 10_000        # tokens in the (shared source/target) vocabulary
+    n_layer: int = 4                # decoder layers (all the layers of the language model)
+    n_head: int = 4                 # attention heads r
+    d_model: int = 256              # model width h = r * d
+    d_ff: int = 1024                # hidden width of the feed-forward sublayer
+    dropout: float = 0.1            # on embeddings, sublayer outputs and the feed-forward hidden layer
+    layer_dropout: float = 0.0      # LayerDrop: probability of skipping a whole layer in training
+    pre_norm: bool = True           # LayerNorm before each sublayer (Baevski & Auli LM) or after (Vaswani MT)
+    tie_embeddings: bool = True     # output projection shares the token embedding (Press & Wolf 2017)
+    attn: str | list = "softmax"    # causal self-attention kind: one for all layers, or a list, one per layer
+    feature_size: int = 32          # k of the causal self-attention (t2r, rfa); elu always has k = d
+    chunk_size: int = 64            # chunk length of the causal linear attention in training; 0: quadratic form
+    n_encoder_layer: int = 0        # encoder layers of Seq2SeqTransformer (its encoder is always softmax)
+    cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
+    cross_feature_size: int = 32    # k of the cross attention
+    pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
+
+    def __post_init__(self):
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        if isinstance(self.attn, (list, tuple)):
+            self.attn = list(self.attn)
+            if len(self.attn) != self.n_layer:
+                raise ValueError(f"attn lists {len(self.attn)} kinds for n_layer={self.n_layer} layers")
+        for kind in self.layer_kinds() + [self.cross_attn]:
+            if kind not in ATTENTION_KINDS:
+                raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
+        for name in ("feature_size", "cross_feature_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if "rfa" in self.layer_kinds() and self.feature_size % 2:
+            raise ValueError("rfa uses sin and cos features: feature_size must be even")
+        if self.cross_attn == "rfa" and self.cross_feature_size % 2:
+            raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
+
+    def layer_kinds(self) -> list:
+        """The causal self-attention kind of each decoder layer, bottom to top."""
+        return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
+
+    def to_dict(self) -> dict:
+        """A plain dict, so checkpoints load with torch.load(weights_only=True)."""
+        return asdict(self)
+
+
+# -----------------------------------------------------------------------------
+# Feature maps phi: (B, H, T, d) -> (B, H, T, k). One module per attention layer.
+# Called as fq, fk = phi(q, k) so that both sides of a head see the same map.
+
+class T2RFeatureMap(nn.Module):
+    """The learned single-layer MLP of T2R, one k x d matrix per head."""
+
+    def __init__(self, n_head: int, d_head: int, feature_size: int):
+        super().__init__()
+        bound = 1 / math.sqrt(d_head)  # nn.Linear's default initialisation, per head
+        self.weight = nn.Parameter(torch.empty(n_head, feature_size, d_head).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(n_head, feature_size).uniform_(-bound, bound))
+
+    def phi(self, x):
+        # Eq. 3b: phi(x) = relu(W_phi x + b_phi), the same MLP for the queries and keys of a head
+        return F.relu(torch.einsum("bhtd,hkd->bhtk", x, self.weight) + self.bias[:, None, :])
+
+    def forward(self, *xs):
+        return tuple(self.phi(x) for x in xs)
+
+
+class FoldedT2RFeatureMap(nn.Module):
+    """What is left of the T2R feature map after `fold`: W_phi now lives inside W_q and W_k (Eq. 8)."""
+
+    def forward(self, *xs):
+        # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q); the projection already produced W~_q x_i + b~_q
+        return tuple(F.relu(x) for x in xs)
+
+
+class EluFeatureMap(nn.Module):
+    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020): positive, no parameters, k = d."""
+
+    def forward(self, *xs):
+        return tuple(F.elu(x) + 1 for x in xs)
+
+
+class RFAFeatureMap(nn.Module):
+    """Random feature attention (Peng et al., 2021) with a learned temperature per head.
+
+    For unit vectors x, y: exp(x.y / tau^2) is proportional to exp(-|x - y|^2 / (2 tau^2)), a Gaussian
+    kernel, whose random Fourier features are sqrt(1/D) [sin(W x / tau), cos(W x / tau)], W ~ N(0, I),
+    D = k / 2 rows. W is redrawn at every training forward pass and fixed (a saved buffer) in eval.
+    """
+
+    def __init__(self, n_head: int, d_head: int, feature_size: int):
+        super().__init__()
+        self.n_random = feature_size // 2
+        self.log_tau = nn.Parameter(torch.zeros(n_head))  # tau = 1 at the start
+        self.register_buffer("omega", torch.randn(n_head, self.n_random, d_head))  # (H, D, d)
+
+    def phi(self, x, omega):
+        x = F.normalize(x, dim=-1, eps=EPS) / self.log_tau.exp()[:, None, None]
+        wx = torch.einsum("bhtd,hnd->bhtn", x, omega)
+        return torch.cat([wx.sin(), wx.cos()], dim=-1) / math.sqrt(self.n_random)  # (B, H, T, k)
+
+    def forward(self, *xs):
+        omega = torch.randn_like(self.omega) if self.training else self.omega
+        return tuple(self.phi(x, omega) for x in xs)
+
+
+def make_feature_map(kind: str, n_head: int, d_head: int, feature_size: int) -> nn.Module:
+    if kind == "t2r":
+        return T2RFeatureMap(n_head, d_head, feature_size)
+    if kind == "elu":
+        return EluFeatureMap()
+    if kind == "rfa":
+        return RFAFeatureMap(n_head, d_head, feature_size)
+    raise ValueError(f"{kind!r} has no feature map")
+
+
+# -----------------------------------------------------------------------------
+# Linear attention, Eq. 4: out_i = phi(q_i) . sum_j phi(k_j) (x) v_j  /  phi(q_i) . sum_l phi(k_l)
+# All forms take features fq (B, H, T, k), fk (B, H, S, k) and values v (B, H, S, d).
+# They run in float32 (float64 when given float64) even under autocast: S and z are sums over
+# thousands of positions, and bf16 keeps only 8 bits of mantissa.
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def full_precision(device: torch.device):
+    """Switch autocast off, so the sums below are not silently cast back to bf16/fp16."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.autocast(device.type, enabled=False)
+    return nullcontext()
+
+
+def normalize(numerator, denominator):
+    """The shared epsilon rule: numerator / max(|denominator|, EPS).
+
+    For t2r and elu features the denominator is >= 0 and abs() changes nothing; rfa's sin/cos
+    features can make it negative, and abs() keeps the weights bounded instead of exploding.
+    """
+    return numerator / denominator.abs().clamp_min(EPS).unsqueeze(-1)
+
+
+def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
+    """The readable reference: form the (T, S) similarity matrix of Eq. 4 and mask it."""
+    sim = fq @ fk.transpose(-1, -2)  # (B, H, T, S), sim~(q_i, k_j) = phi(q_i) . phi(k_j)  (Eq. 3a)
+    if causal:
+        T, S = sim.shape[-2:]
+        sim = sim * torch.ones(T, S, dtype=torch.bool, device=sim.device).tril()
+    if key_mask is not None:  # (B, S), True at real (not padded) source positions
+        sim = sim * key_mask[:, None, None, :]
+    return normalize(sim @ v, sim.sum(-1))
+
+
+def linear_attention_noncausal(fq, fk, v, key_mask=None):
+    """Cross attention: one state (S, z) over the whole source, O(S + T) instead of O(S T)."""
+    if key_mask is not None:
+        fk = fk * key_mask[:, None, :, None]  # padded positions add nothing to S and z
+    S = fk.transpose(-1, -2) @ v  # (B, H, k, d), Eq. 5 summed over the whole source
+    z = fk.sum(-2)  # (B, H, k)
+    # Eq. 7
+    return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))
+
+
+def linear_attention_chunked(fq, fk, v, chunk_size: int):
+    """Causal linear attention with memory linear in T: the masked quadratic form inside each chunk
+    of C positions, plus the running state (S, z) of Eq. 5 of every earlier chunk."""
+    B, H, T, k = fq.shape
+    d = v.shape[-1]
+    C = chunk_size
+    pad = -T % C  # zero features at padded positions add nothing; their outputs are dropped
+    fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
+    n = (T + pad) // C
+    fq, fk = fq.view(B, H, n, C, k), fk.view(B, H, n, C, k)  # (B, H, n, C, k)
+    v = v.view(B, H, n, C, d)  # (B, H, n, C, d)
+
+    sim = fq @ fk.transpose(-1, -2)  # (B, H, n, C, C), within a chunk
+    sim = sim * torch.ones(C, C, dtype=torch.bool, device=sim.device).tril()
+    numerator = sim @ v  # (B, H, n, C, d)
+    denominator = sim.sum(-1)  # (B, H, n, C)
+
+    # Eq. 5 per chunk, then an exclusive prefix sum: the state before each chunk starts
+    S = F.pad((fk.transpose(-1, -2) @ v).cumsum(2), (0, 0, 0, 0, 1, -1))  # (B, H, n, k, d)
+    z = F.pad(fk.sum(-2).cumsum(2), (0, 0, 1, -1))  # (B, H, n, k)
+    numerator = numerator + fq @ S
+    denominator = denominator + (fq * z[:, :, :, None, :]).sum(-1)
+    return normalize(numerator, denominator).view(B, H, n * C, d)[:, :, :T]
+
+
+def linear_attention_step(fq, fk, v, S, z):
+    """One recurrent step, Eqs. 5-7 (fq, fk: (B, H, k); v: (B, H, d)). Updates S, z in place."""
+    # Eq. 6: S_i = S_{i-1} + phi(k_i) (x) v_i,  z_i = z_{i-1} + phi(k_i)
+    S.add_(fk.unsqueeze(-1) * v.unsqueeze(-2))
+    z.add_(fk)
+    return read_state(fq, S, z)
+
+
+def read_state(fq, S, z):
+    # Eq. 7: out_i = (phi(q_i)^T S_i / phi(q_i)^T z_i)^T
+    return normalize((fq.unsqueeze(-2) @ S).squeeze(-2), (fq * z).sum(-1))
+
+
+# -----------------------------------------------------------------------------
+# Multi-head attention modules
+
+class Attention(nn.Module):
+    """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind."""
+
+    def __init__(self, d_model: int, n_head: int, causal: bool):
+        super().__init__()
+        self.n_head, self.d_head, self.causal = n_head, d_model // n_head, causal
+        self.q_proj = nn.Linear(d_model, d_model)  # Eq. 1a
+        self.k_proj = nn.Linear(d_model, d_model)  # Eq. 1b
+        self.v_proj = nn.Linear(d_model, d_model)  # Eq. 1b
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def heads(self, x):
+        """(B, T, H * w) -> (B, H, T, w); w is d, or k once `fold` has merged W_phi into W_q, W_k."""
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_head, -1).transpose(1, 2)
+
+    def project(self, x, source):
+        return self.heads(self.q_proj(x)), self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+
+    def merge(self, out):
+        B, H, T, d = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d))  # (B, T, h)
+
+
+class SoftmaxAttention(Attention):
+    """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
+
+    def forward(self, x, source=None, key_mask=None):
+        q, k, v = self.project(x, x if source is None else source)
+        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S), True = attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and source is None)
+        return self.merge(out)
+
+    # Recurrent form: a key/value cache that grows with t, preallocated and doubled when full.
+    def init_state(self, batch_size: int, device, dtype):
+        empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
+        return {"k": empty, "v": empty.clone(), "length": 0}
+
+    def step(self, x, state):
+        q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, d)
+        t = state["length"]
+        if t == state["k"].shape[2]:  # full: double the capacity
+            for name in ("k", "v"):
+                cache = state[name]
+                grown = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
+                grown[:, :, :t] = cache
+                state[name] = grown
+        state["k"][:, :, t] = k[:, :, 0]
+        state["v"][:, :, t] = v[:, :, 0]
+        state["length"] = t + 1
+        out = F.scaled_dot_product_attention(q, state["k"][:, :, : t + 1], state["v"][:, :, : t + 1])
+        return self.merge(out)[:, 0]
+
+    def init_cross_state(self, source, key_mask):
+        k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+        return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
+
+    def step_cross(self, x, state):
+        q = self.heads(self.q_proj(x[:, None]))
+        out = F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"])
+        return self.merge(out)[:, 0]
+
+
+class LinearAttention(Attention):
+    """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
+
+    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0):
+        super().__init__(d_model, n_head, causal)
+        self.kind, self.chunk_size = kind, chunk_size
+        self.feature_size = self.d_head if kind == "elu" else feature_size
+        self.feature_map = make_feature_map(kind, n_head, self.d_head, feature_size)
+
+    def features(self, x, source):
+        """phi(q), phi(k), v in float32 (float64 for a float64 model): (B, H, T, k), (B, H, S, k), (B, H, S, d)."""
+        q, k, v = self.project(x, source)
+        dtype = state_dtype(v.dtype)
+        with full_precision(x.device):
+            fq, fk = self.feature_map(q.to(dtype), k.to(dtype))
+        return fq, fk, v.to(dtype)
+
+    def forward(self, x, source=None, key_mask=None):
+        fq, fk, v = self.features(x, x if source is None else source)
+        with full_precision(x.device):
+            if source is not None or not self.causal:
+                out = linear_attention_noncausal(fq, fk, v, key_mask)
+            elif self.chunk_size:
+                out = linear_attention_chunked(fq, fk, v, self.chunk_size)
+            else:
+                out = linear_attention_quadratic(fq, fk, v, causal=True)
+        return self.merge(out.to(x.dtype))
+
+    # Recurrent form: S (k x d) and z (k) per head, the same size at every position.
+    def init_state(self, batch_size: int, device, dtype):
+        dtype = state_dtype(dtype)
+        S = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head, device=device, dtype=dtype)
+        z = torch.zeros(batch_size, self.n_head, self.feature_size, device=device, dtype=dtype)
+        return {"S": S, "z": z}
+
+    def step(self, x, state):
+        fq, fk, v = self.features(x[:, None], x[:, None])  # (B, H, 1, .)
+        with full_precision(x.device):
+            out = linear_attention_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state["S"], state["z"])
+        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
+
+    def init_cross_state(self, source, key_mask):
+        """S and z of the whole (masked) source, computed once per sentence."""
+        k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+        dtype = state_dtype(v.dtype)
+        with full_precision(source.device):
+            (fk,) = self.feature_map(k.to(dtype))
+            fk = fk * key_mask[:, None, :, None]  # padded source positions add nothing
+            return {"S": fk.transpose(-1, -2) @ v.to(dtype), "z": fk.sum(-2)}  # Eq. 5 over the source
+
+    def step_cross(self, x, state):
+        q = self.heads(self.q_proj(x[:, None]))
+        with full_precision(x.device):
+            (fq,) = self.feature_map(q.to(state["S"].dtype))
+            out = read_state(fq[:, :, 0], state["S"], state["z"])
+        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
+
+    @torch.no_grad()
+    def fold_(self):
+        """Eq. 8: W~ = W_phi W and b~ = b_phi + W_phi b for queries and keys; phi becomes a plain relu."""
+        W_phi, b_phi = self.feature_map.weight, self.feature_map.bias  # (H, k, d), (H, k)
+        H, k, d = W_phi.shape
+        for name in ("q_proj", "k_proj"):
+            proj = getattr(self, name)
+            W = proj.weight.view(H, d, -1)  # (H, d, h)
+            b = proj.bias.view(H, d, 1)  # (H, d, 1)
+            folded = nn.Linear(W.shape[-1], H * k, device=W.device, dtype=W.dtype)
+            folded.weight.copy_((W_phi @ W).reshape(H * k, -1))  # Eq. 8c
+            folded.bias.copy_((b_phi + (W_phi @ b).squeeze(-1)).reshape(H * k))  # Eq. 8d
+            setattr(self, name, folded)
+        self.feature_map = FoldedT2RFeatureMap()
+
+
+def make_attention(kind: str, config: Config, causal: bool, feature_size: int) -> Attention:
+    if kind == "softmax":
+        return SoftmaxAttention(config.d_model, config.n_head, causal)
+    chunk = config.chunk_size if causal else 0
+    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size, chunk)
+
+
+# -----------------------------------------------------------------------------
+# Transformer layers
+
+class Block(nn.Module):
+    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm."""
+
+    def __init__(self, config: Config, self_kind: str, causal: bool, cross_kind: str | None = None):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.self_attn = make_attention(self_kind, config, causal, config.feature_size)
+        self.norm1 = nn.LayerNorm(config.d_model)
+        self.cross_attn = None
+        if cross_kind is not None:
+            self.cross_attn = make_attention(cross_kind, config, False, config.cross_feature_size)
+            self.norm_cross = nn.LayerNorm(config.d_model)
+        self.ffn = nn.Sequential(
+            nn.Linear(config.d_model, config.d_ff), nn.ReLU(), nn.Dropout(config.dropout),
+            nn.Linear(config.d_ff, config.d_model),
+        )
+        self.norm2 = nn.LayerNorm(config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+
+    def residual(self, x, norm, sublayer):
+        if self.pre_norm:
+            return x + self.drop(sublayer(norm(x)))
+        return norm(x + self.drop(sublayer(x)))
+
+    def forward(self, x, self_mask=None, source=None, source_mask=None):
+        """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source."""
+        x = self.residual(x, self.norm1, lambda y: self.self_attn(y, key_mask=self_mask))
+        if self.cross_attn is not None:
+            x = self.residual(x, self.norm_cross, lambda y: self.cross_attn(y, source, source_mask))
+        return self.residual(x, self.norm2, self.ffn)
+
+    def step(self, x, state):
+        """x: (B, h), one position. The same computation as forward, with the recurrent attention."""
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
+        if self.cross_attn is not None:
+            x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
+        return self.residual(x, self.norm2, self.ffn)
+
+
+def sinusoidal_positions(positions, d_model: int):
+    """Vaswani et al.'s fixed positions: defined at any position, so the RNN runs past the training length."""
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, device=positions.device) * (-math.log(10000.0) / d_model))
+    angles = positions.float()[:, None] * inv_freq  # (T, h/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).view(len(positions), d_model)  # (T, h)
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(h), plus sinusoidal positions, then dropout."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.tok = nn.Embedding(config.vocab_size, config.d_model)
+        self.scale = math.sqrt(config.d_model)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        x = self.tok(tokens) * self.scale + sinusoidal_positions(positions, self.tok.embedding_dim)
+        return self.drop(x.to(self.tok.weight.dtype))
+
+
+class TransformerBase(nn.Module):
+    """Weight init, the output head and the recurrent state shared by both models."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.embed = Embedding(config)
+        self.final_norm = nn.LayerNorm(config.d_model) if config.pre_norm else nn.Identity()
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def init_weights(self):
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.tok.weight, std=self.config.d_model ** -0.5)
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+
+    def run_layers(self, layers, x, *args):
+        for layer in layers:
+            if self.training and self.config.layer_dropout > 0 and torch.rand(()) < self.config.layer_dropout:
+                continue  # LayerDrop (Fan et al., 2020), as in the paper's WikiText-103 model
+            x = layer(x, *args)
+        return x
+
+    def output(self, x):
+        return self.lm_head(self.final_norm(x))
+
+    @torch.no_grad()
+    def step(self, tokens, state):
+        """tokens: (B,) at position state['pos'] -> logits (B, V). Updates state in place and returns it."""
+        x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
+        for layer, layer_state in zip(self.layers, state["layers"]):
+            x = layer.step(x, layer_state)
+        state["pos"] += 1
+        return self.output(x), state
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class TransformerLM(TransformerBase):
+    """Decoder-only language model: model(tokens) -> logits; init_state / step for generation."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.layers = nn.ModuleList(Block(config, kind, causal=True) for kind in config.layer_kinds())
+        self.init_weights()
+
+    def forward(self, tokens):  # (B, T) -> (B, T, V)
+        return self.output(self.run_layers(self.layers, self.embed(tokens)))
+
+    @torch.no_grad()
+    def init_state(self, batch_size: int):
+        p = self.embed.tok.weight
+        return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(batch_size, p.device, p.dtype)}
+                                     for layer in self.layers]}
+
+
+
+class Seq2SeqTransformer(TransformerBase):
+    """Encoder-decoder translator, embeddings shared by source, target and output (joint BPE).
+    model(src, tgt_in) -> logits; init_state(src) encodes; step decodes one token."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        if config.n_encoder_layer < 1:
+            raise ValueError("Seq2SeqTransformer needs n_encoder_layer >= 1")
+        self.encoder = nn.ModuleList(Block(config, "softmax", causal=False) for _ in range(config.n_encoder_layer))
+        self.encoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else nn.Identity()
+        self.layers = nn.ModuleList(Block(config, kind, causal=True, cross_kind=config.cross_attn)
+                                    for kind in config.layer_kinds())
+        self.init_weights()
+
+    def encode(self, src):  # (B, S) -> memory (B, S, h), key_mask (B, S)
+        key_mask = src != self.config.pad_id
+        memory = self.run_layers(self.encoder, self.embed(src), key_mask)
+        return self.encoder_norm(memory), key_mask
+
+    def forward(self, src, tgt_in):  # (B, S), (B, T) -> (B, T, V)
+        memory, key_mask = self.encode(src)
+        return self.output(self.run_layers(self.layers, self.embed(tgt_in), None, memory, key_mask))
+
+    @torch.no_grad()
+    def init_state(self, src):
+        memory, key_mask = self.encode(src)
+        p = self.embed.tok.weight
+        return {"pos": 0, "layers": [
+            {"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
+             "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
+            for layer in self.layers]}
+
+
+def reorder_state(state, index):
+    """Select batch rows of a recurrent state (beam search reorders hypotheses)."""
+    if torch.is_tensor(state):
+        return state.index_select(0, index)
+    if isinstance(state, dict):
+        return {key: reorder_state(value, index) for key, value in state.items()}
+    if isinstance(state, list):
+        return [reorder_state(value, index) for value in state]
+    return state  # positions and lengths are shared by the whole batch
+
+
+def state_bytes(state) -> int:
+    """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
+    if torch.is_tensor(state):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(value) for value in state.values())
+    if isinstance(state, list):
+        return sum(state_bytes(value) for value in state)
+    return 0
+
+
+def build_model(config: Config | dict) -> TransformerBase:
+    """The model a config describes: a translator when it has an encoder, else a language model."""
+    config = Config(**config) if isinstance(config, dict) else config
+    return Seq2SeqTransformer(config) if config.n_encoder_layer else TransformerLM(config)
+
+
+# -----------------------------------------------------------------------------
+# Swap then finetune (section 2.2) and folding (Eq. 8)
+
+def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int) -> list:
+    """Layer kinds, bottom to top. keep_softmax_every=4 keeps the 4th, 8th, ... layer counted from the top
+    as softmax (the paper's "T2R 75%"); 0 converts every layer."""
+    def keep(i):  # i counts from the bottom; n_layer - i counts from the top, starting at 1
+        return keep_softmax_every > 0 and (n_layer - i) % keep_softmax_every == 0
+    return ["softmax" if keep(i) else attn for i in range(n_layer)]
+
+
+def is_feature_map_parameter(name: str) -> bool:
+    return ".feature_map." in name
+
+
+def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None,
+            keep_softmax_every: int = 0, cross_feature_size: int = 32) -> TransformerBase:
+    """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`.
+
+    Every pretrained weight is copied; only the feature-map parameters are new. The encoder of a
+    translator is left alone; its decoder's causal attention defaults to k=4 and its cross attention to
+    k=32, the language model's attention to k=32 (section 3.2). Finetune the result on the task.
+    """
+    config = model.config
+    is_seq2seq = isinstance(model, Seq2SeqTransformer)
+    if attn not in ATTENTION_KINDS or attn == "softmax":
+        raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
+    if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
+        raise ValueError("this model is already converted: convert starts from a softmax transformer")
+    if getattr(model, "folded", False):
+        raise ValueError("this model is folded for inference: convert the unfolded model")
+    if feature_size is None:
+        feature_size = 4 if is_seq2seq else 32
+    new_config = replace(
+        config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every), feature_size=feature_size,
+        cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size)
+    student = type(model)(new_config)
+    copy_pretrained(model, student)
+    p = next(model.parameters())
+    return student.to(device=p.device, dtype=p.dtype).train(model.training)
+
+
+@torch.no_grad()
+def copy_pretrained(teacher: nn.Module, student: nn.Module):
+    """Copy every teacher tensor into the student, and check that the student's only other tensors
+    are feature maps. A mismatch raises instead of silently leaving random weights."""
+    source, target = teacher.state_dict(), student.state_dict()
+    unused = sorted(set(source) - set(target))
+    uncovered = sorted(k for k in set(target) - set(source) if not is_feature_map_parameter(k))
+    if unused or uncovered:
+        raise ValueError(f"teacher and student do not match: unused {unused[:3]}, not pretrained {uncovered[:3]}")
+    for name, tensor in source.items():
+        if target[name].shape != tensor.shape:
+            raise ValueError(f"{name}: teacher shape {tuple(tensor.shape)}, student {tuple(target[name].shape)}")
+        target[name].copy_(tensor)
+
+
+def fold(model: TransformerBase) -> TransformerBase:
+    """A copy for inference with every T2R feature map merged into W_q and W_k (Eq. 8):
+    q and k are never formed, and the outputs are unchanged."""
+    folded = copy.deepcopy(model).eval()
+    for module in folded.modules():
+        if isinstance(module, LinearAttention) and module.kind == "t2r":
+            module.fold_()
+    folded.folded = True
+    return folded
