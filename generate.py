@@ -1,0 +1,154 @@
+"""
+Sample from a language-model checkpoint with the recurrent form: constant memory per token.
+
+    python generate.py                                       # the T2R model of `train_lm.py --init pretrained`
+    python generate.py --ckpt out/ptb-softmax-random/ckpt.pt # the softmax teacher, with a KV cache
+    python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
+    python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
+    python generate.py --check                               # recurrent logits against one parallel pass
+
+T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+"""
+
+import time
+
+import torch
+
+import data
+from t2r import fold, state_bytes
+from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
+
+
+def get_args(argv=None):
+    p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
+    p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/ckpt.pt", help="checkpoint written by train_lm.py")
+    p.add_argument("--prompt", default="the", help="text to continue (words outside the vocabulary become <unk>)")
+    p.add_argument("--num_tokens", type=int, default=100, help="tokens to generate per sample")
+    p.add_argument("--num_samples", type=int, default=1, help="samples, generated as one batch")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
+    p.add_argument("--top_k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
+    p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
+                   help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
+    p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
+    p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
+    args = p.parse_args(argv)
+    if args.num_tokens < 1 or args.num_samples < 1:
+        p.error("--num_tokens and --num_samples must be at least 1")
+    if args.temperature < 0 or args.top_k < 0:
+        p.error("--temperature and --top_k must not be negative")
+    return args
+
+
+def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
+    """logits (B, V) -> next tokens (B,). Temperature 0 is argmax."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
+
+
+@torch.no_grad()
+def generate_recurrent(model, prompt, num_tokens, pick, on_token=None):
+    """The RNN way: feed each token once; the state carries the prefix. Returns tokens, logits, state."""
+    state = model.init_state(prompt.shape[0])
+    for t in range(prompt.shape[1] - 1):  # prefill: the prompt's own predictions are not needed
+        model.step(prompt[:, t], state)
+    token, tokens, all_logits = prompt[:, -1], [], []
+    for _ in range(num_tokens):
+        logits, state = model.step(token, state)
+        token = pick(logits)
+        tokens.append(token)
+        all_logits.append(logits)
+        if on_token:
+            on_token(token)
+    return torch.stack(tokens, 1), torch.stack(all_logits, 1), state
+
+
+@torch.no_grad()
+def generate_recompute(model, prompt, num_tokens, pick, on_token=None):
+    """The transformer way without a cache: run the whole sequence again for every new token."""
+    sequence, all_logits = prompt, []
+    for _ in range(num_tokens):
+        logits = model(sequence)[:, -1]
+        token = pick(logits)
+        sequence = torch.cat([sequence, token[:, None]], dim=1)
+        all_logits.append(logits)
+        if on_token:
+            on_token(token)
+    return sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1), None
+
+
+def load_tokenizer(checkpoint):
+    saved = checkpoint.get("args", {})
+    try:
+        return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
+                            vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
+                            cache_dir=saved.get("cache_dir", "data/cache"))
+    except data.DataError as error:
+        raise UserError(f"cannot rebuild the checkpoint's tokenizer: {error}") from None
+
+
+def main():
+    args = get_args()
+    checkpoint = load_checkpoint(args.ckpt)
+    if checkpoint["config"].get("n_encoder_layer"):
+        raise UserError(f"{args.ckpt} is a translation model: translate with train_mt.py")
+    device = get_device(args.device)
+    model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
+    kinds = sorted(set(model.config.layer_kinds()))
+    if "t2r" in kinds and not args.no_fold:
+        model = fold(model)
+    lm = load_tokenizer(checkpoint)
+    if lm.vocab_size != model.config.vocab_size:
+        raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
+                        f"its data cache changed; retrain or restore the cache")
+    ids = lm.encode(args.prompt)
+    if not ids:
+        raise UserError("--prompt is empty: give at least one word to continue")
+    prompt = torch.tensor([ids] * args.num_samples, device=device)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+
+    def pick(logits):
+        return sample(logits, args.temperature, args.top_k, generator)
+
+    def stream(token):
+        if args.num_samples == 1:
+            text = lm.decode([int(token[0])])
+            print(text if text.endswith("\n") else text + " ", end="", flush=True)
+
+    form = "recurrent state (RNN)" if kinds != ["softmax"] else "KV cache"
+    print(f"{args.ckpt}: attention {', '.join(kinds)}{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
+          f"mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
+    print(lm.decode(ids), end=" ", flush=True)
+    run = generate_recurrent if args.mode == "recurrent" else generate_recompute
+    start = time.time()
+    tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.time() - start
+    print()
+    if args.num_samples > 1:
+        for i in range(args.num_samples):
+            print(f"--- sample {i}\n{lm.decode(ids + tokens[i].tolist())}")
+    total = prompt.shape[1] + args.num_tokens
+    print(f"\n{args.num_samples * args.num_tokens / seconds:,.1f} tokens/s ({args.num_samples} x {args.num_tokens} "
+          f"tokens in {seconds:.2f} s)")
+    if state is not None:
+        c = model.config
+        p = next(model.parameters())
+        kv_bytes = 2 * c.n_layer * args.num_samples * total * c.d_model * p.element_size()
+        print(f"state after {total} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
+              f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
+    if args.check:
+        with torch.no_grad():
+            parallel = model(torch.cat([prompt, tokens], dim=1)[:, :-1])[:, prompt.shape[1] - 1 :]
+        print(f"check: max |recurrent - parallel| logits = {(parallel - logits).abs().max().item():.2e}")
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,320 @@
+"""Tests of data.py: corpora, tokenizers, the token cache, the WikiText-103 download (on a fake archive,
+never the network) and the batches. CPU, a few seconds.
+
+    python -m pytest -q -s test_data.py
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+import data
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any real download attempt fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to use the network")
+    monkeypatch.setattr(urllib.request, "urlopen", refuse)
+
+
+@pytest.fixture(scope="module")
+def ptb(tmp_path_factory):
+    start = time.time()
+    lm = data.prepare("ptb", cache_dir=str(tmp_path_factory.mktemp("cache")))
+    print(f"\nPTB word level: cache built in {time.time() - start:.2f} s")
+    return lm
+
+
+def write_corpus(folder, lines=None, names=("train.txt", "valid.txt", "test.txt")):
+    lines = lines or {"train": ["the cat sat on the mat", "", "a dog sat on a log"] * 20,
+                      "valid": ["the dog sat", "a cat on the log"], "test": ["the mat sat on a cat"]}
+    os.makedirs(folder, exist_ok=True)
+    for name, split in zip(names, data.SPLITS):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write("\n".join(lines[split]) + "\n")
+    return str(folder)
+
+
+def assert_one_line(error: data.DataError, *fragments):
+    message = str(error)
+    assert "\n" not in message and message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    print("DataError:", message)
+
+
+# -----------------------------------------------------------------------------
+# Penn Treebank
+
+def test_ptb_counts_vocabulary_and_eos(ptb):
+    texts = data.load_corpus("ptb")
+    words = {split: len(text.split()) for split, text in texts.items()}
+    lines = {split: sum(1 for line in text.split("\n") if line.strip()) for split, text in texts.items()}
+    assert words == {"train": 887_521, "valid": 70_390, "test": 78_669}
+    for split in data.SPLITS:
+        ids = getattr(ptb, split)
+        assert int((ids == ptb.eos_id).sum()) == lines[split]  # no spurious <eos> from the trailing "\n\n"
+        assert len(ids) == ptb.n_words[split] == words[split] + lines[split]
+    assert ptb.vocab_size == 10_000 and ptb.train.dtype == np.uint16
+    assert ptb.kind == "word" and int(ptb.train.max()) < ptb.vocab_size
+    print(f"PTB words {words}, <eos> = non-empty lines {lines}, vocabulary {ptb.vocab_size:,} "
+          f"(9,999 words incl. <unk>, + <eos>), tokens {[len(getattr(ptb, s)) for s in data.SPLITS]}")
+
+
+def test_word_round_trip_and_unknown_words(ptb):
+    valid = data.load_corpus("ptb")["valid"].split("\n")[:200]
+    for line in valid:
+        line = " ".join(line.split())
+        assert ptb.decode(ptb.encode(line)) == line
+    two_lines = "the company said\nit will pay"
+    assert ptb.decode(ptb.encode(two_lines)) == two_lines and ptb.encode(two_lines)[3] == ptb.eos_id
+    unk = ptb.tokenizer.token_to_id("<unk>")
+    assert ptb.encode("the zyzzyvaqx said") == [ptb.encode("the")[0], unk, ptb.encode("said")[0]]
+    # The fast dict lookup gives exactly what the tokenizers WordLevel + WhitespaceSplit model gives.
+    text = data.load_corpus("ptb")["valid"]
+    start = time.time()
+    by_tokenizer = ptb.tokenizer.encode(text.replace("\n", " <eos> ")).ids
+    seconds = time.time() - start
+    assert by_tokenizer == ptb.valid.tolist()
+    print(f"round trip on 200 PTB lines; unknown word -> <unk> ({unk}); dict lookup == tokenizer.encode "
+          f"on valid ({len(by_tokenizer):,} tokens, tokenizer {seconds:.2f} s)")
+
+
+# -----------------------------------------------------------------------------
+# Cache
+
+def test_cache_is_reused_and_rebuilt_when_damaged(tmp_path, monkeypatch):
+    corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
+    first = data.prepare(corpus, cache_dir=cache)
+    folder = first.cache
+    assert sorted(os.listdir(folder)) == [".lock", "meta.json", "test.bin", "tokenizer.json", "train.bin", "valid.bin"]
+
+    calls = []
+    real = data.train_tokenizer
+    monkeypatch.setattr(data, "train_tokenizer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = data.prepare(corpus, cache_dir=cache)
+    assert calls == [] and isinstance(again.train, np.memmap)  # loaded, no tokenizer built
+    assert np.array_equal(again.train, first.train) and again.vocab_size == first.vocab_size
+
+    damages = {
+        "truncated memmap": lambda: open(os.path.join(folder, "train.bin"), "r+b").truncate(10),
+        "garbage meta.json": lambda: open(os.path.join(folder, "meta.json"), "w").write("{not json"),
+        "garbage tokenizer.json": lambda: open(os.path.join(folder, "tokenizer.json"), "w").write("oops"),
+        "meta from another pipeline": lambda: rewrite_meta(folder, format=-1),
+        "changed corpus": lambda: open(os.path.join(corpus, "train.txt"), "a").write("a new line\n"),
+    }
+    for what, damage in damages.items():
+        damage()
+        rebuilt = data.prepare(corpus, cache_dir=cache)
+        assert len(calls) == 1, what  # rebuilt once...
+        calls.clear()
+        data.prepare(corpus, cache_dir=cache)
+        assert calls == [], what  # ...then loaded again
+        print(f"{what}: rebuilt, train {len(rebuilt.train)} tokens")
+    assert not [name for name in os.listdir(folder) if name.endswith(".tmp")]
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(data.DataError) as error:
+        data.prepare(corpus, cache_dir=str(blocker / "cache"))
+    assert_one_line(error.value, "cache_dir")
+
+
+def test_concurrent_prepare_builds_once(tmp_path):
+    """torchrun's ranks call prepare() at the same moment: one builds, the others wait and load."""
+    corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import data; "
+            f"lm = data.prepare({corpus!r}, tokenizer='bpe', vocab_size=280, cache_dir={cache!r}); "
+            f"print('tokens', len(lm.train), int(lm.train.sum()))")
+    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert all(run.returncode == 0 for run in runs), outputs
+    assert sum(out.count("building the token cache") for out, _ in outputs) == 1, outputs
+    assert len({out.splitlines()[-1] for out, _ in outputs}) == 1  # all see the same ids
+    print(f"2 processes at once: built once, all loaded {outputs[0][0].splitlines()[-1]}")
+
+
+def rewrite_meta(folder, **changes):
+    path = os.path.join(folder, "meta.json")
+    meta = json.load(open(path))
+    meta.update(changes)
+    json.dump(meta, open(path, "w"))
+
+
+# -----------------------------------------------------------------------------
+# Folder datasets and their errors
+
+def test_folder_dataset_and_errors(tmp_path):
+    corpus = write_corpus(tmp_path / "tiny")
+    lm = data.prepare(corpus, cache_dir=str(tmp_path / "cache"))
+    assert lm.vocab_size == 2 + 8  # <unk>, <eos>, 8 words
+    assert len(lm.train) == 20 * (6 + 1 + 0 + 1 + 6 + 1)  # blank lines are an <eos> each
+    assert lm.decode(lm.test) == "the mat sat on a cat\n"
+    wiki_style = write_corpus(tmp_path / "wiki", names=("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"))
+    assert data.load_corpus(wiki_style)["valid"] == "the dog sat\na cat on the log\n"
+    print(f"folder dataset: vocabulary {lm.vocab_size}, train {len(lm.train)} tokens; wiki.*.tokens names accepted")
+
+    with pytest.raises(data.DataError) as error:
+        data.prepare(str(tmp_path / "missing"), cache_dir=str(tmp_path / "cache"))
+    assert_one_line(error.value, "missing", "--dataset ptb")
+    os.remove(os.path.join(corpus, "valid.txt"))
+    with pytest.raises(data.DataError) as error:
+        data.load_corpus(corpus)
+    assert_one_line(error.value, "valid.txt")
+    open(os.path.join(corpus, "valid.txt"), "w").close()
+    with pytest.raises(data.DataError) as error:
+        data.load_corpus(corpus)
+    assert_one_line(error.value, "empty")
+    open(os.path.join(corpus, "valid.txt"), "wb").write(b"caf\xe9\n")
+    with pytest.raises(data.DataError) as error:
+        data.load_corpus(corpus)
+    assert_one_line(error.value, "UTF-8")
+    with pytest.raises(data.DataError) as error:
+        data.prepare(corpus, tokenizer="chars", cache_dir=str(tmp_path / "cache"))
+    assert_one_line(error.value, "word or bpe")
+
+
+# -----------------------------------------------------------------------------
+# WikiText-103 download, on a fake archive
+
+def fake_wikitext_zip(path):
+    texts = {"train": " = Title = \n \n the cat sat on the mat \n \n a dog sat on a log \n",
+             "valid": " \n the dog sat \n", "test": " \n a cat on the log \n"}
+    with zipfile.ZipFile(path, "w") as z:
+        for split, text in texts.items():
+            z.writestr(f"wikitext-103/wiki.{split}.tokens", text)
+    return hashlib.sha256(open(path, "rb").read()).hexdigest(), texts
+
+
+def test_wikitext103_download_from_mirrors(tmp_path):
+    archive = tmp_path / "fake.zip"
+    sha256, texts = fake_wikitext_zip(archive)
+    tried = []
+
+    def fetch(url, dest):
+        tried.append(url)
+        if "dead" in url:
+            raise urllib.error.URLError("Name or service not known")
+        if "liar" in url:
+            open(dest, "wb").write(b"PK not the archive")
+            return
+        open(dest, "wb").write(archive.read_bytes())
+
+    folder = tmp_path / "wikitext103"
+    mirrors = ("https://dead.example/w.zip", "https://liar.example/w.zip", "https://good.example/w.zip")
+    data.download_wikitext103(folder, mirrors=mirrors, sha256=sha256, fetch=fetch)
+    assert tried == list(mirrors)
+    assert sorted(os.listdir(folder)) == ["wiki.test.tokens", "wiki.train.tokens", "wiki.valid.tokens",
+                                          "wikitext-103-v1.zip"]  # no .tmp left behind
+    assert data.load_corpus("wikitext103", str(folder)) == texts
+    lm = data.prepare("wikitext103", str(folder), cache_dir=str(tmp_path / "cache"))
+    assert lm.decode(lm.train) == "= Title =\n\nthe cat sat on the mat\n\na dog sat on a log\n"
+    assert lm.n_words["train"] == 15 + 5  # words + one <eos> a line, blank lines included
+    print(f"fake WikiText-103: mirrors tried {tried}, checksum verified, {lm.n_words} tokens")
+
+    (folder / "wiki.train.tokens").unlink()  # the verified zip in data_dir is reused, not downloaded
+    data.download_wikitext103(folder, mirrors=(), sha256=sha256, fetch=fetch)
+    assert (folder / "wiki.train.tokens").read_text() == texts["train"] and len(tried) == 3
+    with pytest.raises(data.DataError) as error:
+        data.download_wikitext103(folder, mirrors=(), sha256="0" * 64, fetch=fetch)
+    assert_one_line(error.value, "delete it")
+
+
+def test_wikitext103_offline_explains_manual_download(tmp_path, monkeypatch):
+    def offline(url, dest):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+    monkeypatch.setattr(data, "fetch_url", offline)  # load_corpus uses the real mirrors and checksum
+    folder = tmp_path / "wikitext103"
+    with pytest.raises(data.DataError) as error:
+        data.load_corpus("wikitext103", str(folder))
+    assert_one_line(error.value, "by hand", "wikitext-103-v1.zip", "wiki.train.tokens", str(folder))
+    assert os.listdir(folder) == []
+    (folder / "wikitext-103-v1.zip").write_bytes(b"this is not a zip")
+    with pytest.raises(data.DataError) as error:
+        data.load_corpus("wikitext103", str(folder))
+    assert_one_line(error.value, "delete it")
+
+
+# -----------------------------------------------------------------------------
+# BPE
+
+def test_bpe_trains_counts_words_and_round_trips(tmp_path):
+    corpus = write_corpus(tmp_path / "tiny")
+    lm = data.prepare(corpus, tokenizer="bpe", vocab_size=300, cache_dir=str(tmp_path / "cache"))
+    assert lm.kind == "bpe" and lm.vocab_size <= 300 and lm.train.dtype == np.uint16
+    assert lm.n_words == {"train": 20 * (6 + 1 + 0 + 1 + 6 + 1), "valid": 3 + 1 + 5 + 1, "test": 6 + 1}
+    assert lm.decode(lm.valid) == "the dog sat\na cat on the log\n"
+    for text in ["the cat sat on the mat", "an unseen wörd ☃ and\nnew line", ""]:
+        assert lm.decode(lm.encode(text)) == text
+    again = data.prepare(corpus, tokenizer="bpe", vocab_size=300, cache_dir=str(tmp_path / "cache"))
+    assert again.cache == lm.cache and np.array_equal(again.train, lm.train)
+    other = data.prepare(corpus, tokenizer="bpe", vocab_size=280, cache_dir=str(tmp_path / "cache"))
+    assert other.cache != lm.cache  # each vocabulary size has its own cache
+    print(f"BPE: vocabulary {lm.vocab_size}, tokens {len(lm.train)} for {lm.n_words['train']} words, "
+          f"round trips including unseen characters")
+
+
+# -----------------------------------------------------------------------------
+# Batches
+
+def test_get_batch_is_reproducible_and_resumable():
+    ids = np.arange(1000, dtype=np.uint16)
+    a = data.get_batch(ids, 4, 16, torch.Generator().manual_seed(0))
+    b = data.get_batch(ids, 4, 16, torch.Generator().manual_seed(0))
+    c = data.get_batch(ids, 4, 16, torch.Generator().manual_seed(1))
+    x, y = a
+    assert x.shape == y.shape == (4, 16) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and not torch.equal(a[0], c[0])
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y, x + 1)  # contiguous windows, shifted by one
+    generator = torch.Generator().manual_seed(3)
+    data.get_batch(ids, 4, 16, generator)
+    state = generator.get_state()
+    expected = data.get_batch(ids, 4, 16, generator)[0]
+    generator.set_state(state)
+    assert torch.equal(data.get_batch(ids, 4, 16, generator)[0], expected)
+    edge = data.get_batch(np.arange(17), 64, 16, torch.Generator().manual_seed(0))[0]
+    assert torch.equal(edge, torch.arange(16).expand(64, 16))  # the only window that fits
+    with pytest.raises(data.DataError):
+        data.get_batch(np.arange(16), 1, 16, torch.Generator())
+    print("get_batch: same seed, same batches; a saved generator state resumes the stream")
+
+
+@pytest.mark.parametrize("n,context,score", [(1000, 64, 32), (1000, 64, 64), (50, 64, 32), (65, 64, 32),
+                                             (66, 64, 32), (333, 512, 256), (2, 8, 4), (1, 8, 4), (100, 10, 3)])
+def test_eval_windows_score_every_token_once(n, context, score):
+    ids = np.arange(n, dtype=np.int64) + 7
+    for bos in (None, 5):
+        counts = np.zeros(n, dtype=int)
+        windows = list(data.eval_windows(ids, context, score, bos=bos))
+        for k, (x, y, mask) in enumerate(windows):
+            assert len(x) == len(y) == len(mask) <= context
+            assert k == 0 or len(x) == context  # only the first window may be shorter
+            assert k == 0 or not mask[: context - score].any()  # later windows keep >= context-score of history
+            if k == 0:
+                assert mask.all()
+            assert torch.equal(x[1:], y[:-1])
+            for target in y[mask].tolist():
+                counts[target - 7] += 1
+        scored = counts if bos is not None else counts[1:]  # without bos, token 0 has no history
+        assert (scored == 1).all() and (bos is not None or counts[0] == 0)
+    print(f"n={n} context={context} score={score}: {len(windows)} windows, each token scored once")
+
+
+def test_eval_windows_rejects_bad_sizes():
+    for context, score in [(64, 0), (64, 65)]:
+        with pytest.raises(data.DataError) as error:
+            next(data.eval_windows(np.arange(100), context, score))
+        assert_one_line(error.value, "--eval_score")

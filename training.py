@@ -1,0 +1,186 @@
+"""Helpers shared by train_lm.py, train_mt.py and generate.py: command line, device, precision,
+learning-rate schedule, distributed setup and checkpoints that resume exactly."""
+
+import argparse
+import math
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from t2r import Config, build_model
+
+
+class UserError(Exception):
+    """Bad input (flags, data, checkpoint): main() prints the one-line message and exits with status 2."""
+
+
+def run_main(main):
+    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback."""
+    try:
+        main()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: unknown or malformed flags are rejected with a hint."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see python {self.prog} --help)\n")
+
+
+def print_config(title: str, values: dict):
+    print(f"{title}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+# -----------------------------------------------------------------------------
+# Device and precision
+
+def get_device(requested: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu; says what it chose."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            requested = "cuda"
+        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            requested = "mps"
+        else:
+            requested = "cpu"
+    device = torch.device(requested)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"device: {device} ({name})")
+    return device
+
+
+def resolve_dtype(requested: str, device: torch.device) -> str:
+    """Mixed precision only on CUDA: bf16 where supported, else fp16 with a GradScaler. CPU trains in fp32."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
+def autocast_context(device: torch.device, dtype: str):
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+def make_scaler(device: torch.device, dtype: str):
+    return torch.amp.GradScaler(device.type, enabled=(dtype == "float16"))
+
+
+# -----------------------------------------------------------------------------
+# Learning rate
+
+def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps: int) -> float:
+    """Linear warmup to max_lr, then cosine decay to min_lr at max_steps."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
+    """AdamW; weight decay on matrices only, not on biases, LayerNorm gains or the RFA temperature."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8, fused=device.type == "cuda")
+
+
+# -----------------------------------------------------------------------------
+# Distributed data parallel (torchrun)
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Distributed:
+    """Under torchrun (WORLD_SIZE > 1): one process per device, NCCL on CUDA and gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    info = Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    if backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+    return info
+
+
+def all_reduce_sum(values: torch.Tensor, ddp: Distributed) -> torch.Tensor:
+    if ddp.enabled:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: written atomically, loaded with weights_only=True, resumed exactly
+
+def rng_state(generator: torch.Generator) -> dict:
+    state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator):
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["data"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: str, checkpoint: dict):
+    """Write to a temporary file, then rename: an interrupted save never leaves a half checkpoint."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    torch.save(checkpoint, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"no {what} at {path}: train one first, or pass the right path")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
+        raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
+                        f"delete it and retrain, or restore a good copy") from None
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
+        raise UserError(f"{path} is not a t2r checkpoint (no model or config in it)")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
+    try:
+        model = build_model(Config(**checkpoint["config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (TypeError, ValueError, RuntimeError) as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise UserError(f"{path} does not match its config ({first_line}); it was saved by another version") from None
+    return model
+
+
+def unwrap(model):
+    """The plain module under DDP and torch.compile, whose state dict has the clean names."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
