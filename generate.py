@@ -97,7 +97,7 @@ def main():
     args = get_args()
     checkpoint = load_checkpoint(args.ckpt)
     if checkpoint["config"].get("n_encoder_layer"):
-        raise UserError(f"{args.ckpt} is a translation model: translate with train_mt.py")
+        raise UserError(f"{args.ckpt} is a translation model, not a language model")
     device = get_device(args.device)
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
     kinds = sorted(set(model.config.layer_kinds()))
@@ -116,15 +116,20 @@ def main():
     def pick(logits):
         return sample(logits, args.temperature, args.top_k, generator)
 
+    shown = {"ids": list(ids), "text": lm.decode(ids)}
+
     def stream(token):
+        """Print what the new token adds to the decoded text (BPE pieces join up, <eos> is a new line)."""
         if args.num_samples == 1:
-            text = lm.decode([int(token[0])])
-            print(text if text.endswith("\n") else text + " ", end="", flush=True)
+            shown["ids"].append(int(token[0]))
+            text = lm.decode(shown["ids"])
+            print(text[len(shown["text"]):], end="", flush=True)
+            shown["text"] = text
 
     form = "recurrent state (RNN)" if kinds != ["softmax"] else "KV cache"
     print(f"{args.ckpt}: attention {', '.join(kinds)}{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
           f"mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
-    print(lm.decode(ids), end=" ", flush=True)
+    print(shown["text"], end="", flush=True)
     run = generate_recurrent if args.mode == "recurrent" else generate_recompute
     start = time.time()
     tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream)

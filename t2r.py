@@ -154,7 +154,7 @@ def make_feature_map(kind: str, n_head: int, d_head: int, feature_size: int) -> 
 # Linear attention, Eq. 4: out_i = phi(q_i) . sum_j phi(k_j) (x) v_j  /  phi(q_i) . sum_l phi(k_l)
 # All forms take features fq (B, H, T, k), fk (B, H, S, k) and values v (B, H, S, d).
 # They run in float32 (float64 when given float64) even under autocast: S and z are sums over
-# thousands of positions, and bf16 keeps only 8 bits of mantissa.
+# thousands of positions, and bf16 keeps only 8 significant bits.
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
@@ -184,16 +184,21 @@ def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
         sim = sim * torch.ones(T, S, dtype=torch.bool, device=sim.device).tril()
     if key_mask is not None:  # (B, S), True at real (not padded) source positions
         sim = sim * key_mask[:, None, None, :]
+    # Eq. 4, first line: out_i = sum_j sim~(q_i, k_j) v_j / sum_l sim~(q_i, k_l)
     return normalize(sim @ v, sim.sum(-1))
+
+
+def source_state(fk, v, key_mask=None):
+    """Eq. 5 summed over a whole source: S (B, H, k, d) and z (B, H, k); padded positions add nothing."""
+    if key_mask is not None:
+        fk = fk * key_mask[:, None, :, None]
+    return fk.transpose(-1, -2) @ v, fk.sum(-2)
 
 
 def linear_attention_noncausal(fq, fk, v, key_mask=None):
     """Cross attention: one state (S, z) over the whole source, O(S + T) instead of O(S T)."""
-    if key_mask is not None:
-        fk = fk * key_mask[:, None, :, None]  # padded positions add nothing to S and z
-    S = fk.transpose(-1, -2) @ v  # (B, H, k, d), Eq. 5 summed over the whole source
-    z = fk.sum(-2)  # (B, H, k)
-    # Eq. 7
+    S, z = source_state(fk, v, key_mask)
+    # Eq. 7, for every query at once
     return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))
 
 
@@ -204,7 +209,8 @@ def linear_attention_chunked(fq, fk, v, chunk_size: int):
     d = v.shape[-1]
     C = chunk_size
     pad = -T % C  # zero features at padded positions add nothing; their outputs are dropped
-    fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
+    if pad:
+        fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
     n = (T + pad) // C
     fq, fk = fq.view(B, H, n, C, k), fk.view(B, H, n, C, k)  # (B, H, n, C, k)
     v = v.view(B, H, n, C, d)  # (B, H, n, C, d)
@@ -224,15 +230,19 @@ def linear_attention_chunked(fq, fk, v, chunk_size: int):
 
 def linear_attention_step(fq, fk, v, S, z):
     """One recurrent step, Eqs. 5-7 (fq, fk: (B, H, k); v: (B, H, d)). Updates S, z in place."""
+    B, H, k = fk.shape
     # Eq. 6: S_i = S_{i-1} + phi(k_i) (x) v_i,  z_i = z_{i-1} + phi(k_i)
-    S.add_(fk.unsqueeze(-1) * v.unsqueeze(-2))
+    # (one batched in-place outer product: no (B, H, k, d) temporary at every token)
+    S.view(B * H, k, -1).baddbmm_(fk.reshape(B * H, k, 1), v.reshape(B * H, 1, -1))
     z.add_(fk)
     return read_state(fq, S, z)
 
 
 def read_state(fq, S, z):
+    B, H, k, d = S.shape
     # Eq. 7: out_i = (phi(q_i)^T S_i / phi(q_i)^T z_i)^T
-    return normalize((fq.unsqueeze(-2) @ S).squeeze(-2), (fq * z).sum(-1))
+    numerator = torch.bmm(fq.reshape(B * H, 1, k), S.view(B * H, k, d)).view(B, H, d)
+    return normalize(numerator, (fq * z).sum(-1))
 
 
 # -----------------------------------------------------------------------------
@@ -268,10 +278,12 @@ class SoftmaxAttention(Attention):
     def forward(self, x, source=None, key_mask=None):
         q, k, v = self.project(x, x if source is None else source)
         mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S), True = attend
+        # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and source is None)
         return self.merge(out)
 
-    # Recurrent form: a key/value cache that grows with t, preallocated and doubled when full.
+    # Recurrent form: a key/value cache that grows with t, allocated ahead and doubled when full
+    # (amortised O(1) per token instead of a torch.cat copy of the whole cache at every step).
     def init_state(self, batch_size: int, device, dtype):
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
@@ -348,8 +360,8 @@ class LinearAttention(Attention):
         dtype = state_dtype(v.dtype)
         with full_precision(source.device):
             (fk,) = self.feature_map(k.to(dtype))
-            fk = fk * key_mask[:, None, :, None]  # padded source positions add nothing
-            return {"S": fk.transpose(-1, -2) @ v.to(dtype), "z": fk.sum(-2)}  # Eq. 5 over the source
+            S, z = source_state(fk, v.to(dtype), key_mask)
+        return {"S": S, "z": z}
 
     def step_cross(self, x, state):
         q = self.heads(self.q_proj(x[:, None]))

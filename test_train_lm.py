@@ -4,6 +4,7 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
     python -m pytest -q -s test_train_lm.py
 """
 
+import json
 import os
 import random
 import subprocess
@@ -79,6 +80,11 @@ def test_main_job_end_to_end(tmp_path, corpus):
     again = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path,
                 check=False)
     assert_one_line_error(again, "exists", "--resume")
+    # --eval_only takes the run's flags from its folder and labels it as the run it evaluates
+    evaluated = run("train_lm.py", "--eval_only", "--out_dir", "out/tiny-t2r-pretrained", cwd=tmp_path)
+    assert "valid ppl" in evaluated.stdout
+    results = json.loads((tmp_path / "out/tiny-t2r-pretrained/results.json").read_text())
+    assert results["attn"] == "t2r+pretrain" and results["k"] == 8
 
 
 def final_state(path):
@@ -92,7 +98,7 @@ def test_resume_is_exact(tmp_path, corpus, attn):
     run("train_lm.py", *common, "--out_dir", "straight", cwd=tmp_path)
     stopped = run("train_lm.py", *common, "--out_dir", "split", "--stop_at", "3", cwd=tmp_path)
     assert "stopped at step 3 of 8" in stopped.stdout
-    run("train_lm.py", *common, "--out_dir", "split", "--resume", cwd=tmp_path)
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)  # every other flag comes from the run
     a, opt_a = final_state(tmp_path / "straight/ckpt.pt")
     b, opt_b = final_state(tmp_path / "split/ckpt.pt")
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
@@ -140,5 +146,9 @@ def test_errors_are_one_line_and_lose_nothing(tmp_path, corpus):
                               cwd=tmp_path, check=False), "n_layer")
     assert_one_line_error(run("generate.py", "--ckpt", str(ckpt), "--prompt", "  ", cwd=tmp_path, check=False),
                           "empty")
+    assert_one_line_error(run("train_lm.py", "--dataset", corpus, "--n_head", "3", *TINY[:2], *TINY[4:],
+                              "--out_dir", "y", cwd=tmp_path, check=False), "bad model flags", "divisible")
+    assert_one_line_error(run("train_lm.py", "--dataset", corpus, *TINY, "--block_size", "100000", "--out_dir", "z",
+                              cwd=tmp_path, check=False), "--block_size")
     assert_one_line_error(run("generate.py", "--ckpt", str(tmp_path / "nope.pt"), cwd=tmp_path, check=False),
                           "no checkpoint")

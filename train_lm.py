@@ -14,6 +14,7 @@ Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of ea
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import time
@@ -26,23 +27,25 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 import data
-from t2r import ATTENTION_KINDS, Config, TransformerLM, convert
+from t2r import ATTENTION_KINDS, Config, TransformerLM, convert, is_feature_map_parameter
 from training import (Parser, UserError, all_reduce_sum, autocast_context, get_device, get_lr, load_checkpoint,
                       make_optimizer, make_scaler, model_from_checkpoint, print_config, resolve_dtype, rng_state,
                       run_main, save_checkpoint, set_rng_state, setup_distributed, unwrap)
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
+# batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
 PRESETS = {
     "wt103": dict(n_layer=32, n_head=8, d_model=1024, d_ff=4096, dropout=0.2, layer_dropout=0.2,
-                  feature_size=32, block_size=512, batch_size=6, grad_accum=4),
+                  feature_size=32, block_size=512, batch_size=6, grad_accum=3),
 }
+PRESET_FINETUNE = dict(grad_accum=1)  # appendix Table 4: update-freq 1 when finetuning
 MODEL_FLAGS = ("n_layer", "n_head", "d_model", "d_ff")
 
 # Pretraining schedule of the CPU default, and the finetuning one. Appendix Table 4 against Table 3:
 # finetuning halves the peak learning rate, the warmup and the number of updates.
 SCHEDULES = {
-    "random": dict(max_steps=1500, lr=1e-3, warmup_steps=150),
-    "pretrained": dict(max_steps=750, lr=5e-4, warmup_steps=75),
+    "random": dict(max_steps=1200, lr=1e-3),
+    "pretrained": dict(max_steps=600, lr=5e-4),
 }
 
 
@@ -71,7 +74,7 @@ def get_args(argv=None):
     g.add_argument("--pretrained", default=None, help="softmax checkpoint to convert (default out/<dataset>-softmax-random/ckpt.pt, trained first if missing)")
     g.add_argument("--freeze_feature_map", action="store_true", help="finetune with the feature-map MLP frozen (the paper's 'T2R MLP frozen' analysis)")
     g = p.add_argument_group("training")
-    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps (default 1500 random, 750 pretrained)")
+    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps (default 1200 random, 600 pretrained)")
     g.add_argument("--batch_size", type=int, default=8, help="sequences per micro-batch (per process)")
     g.add_argument("--block_size", type=int, default=512, help="tokens per training sequence")
     g.add_argument("--grad_accum", type=int, default=1, help="micro-batches per optimizer step")
@@ -97,29 +100,76 @@ def get_args(argv=None):
     g.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: on for CUDA, off on CPU)")
     g.add_argument("--log_interval", type=int, default=25, help="steps between log lines")
     args = p.parse_args(argv)
+    args.explicit = explicit_flags(p, argv)
+    if args.resume or args.eval_only:
+        adopt_saved_flags(args)
     return resolve_defaults(args, p)
 
 
-def dataset_name(args) -> str:
-    return os.path.basename(os.path.normpath(args.dataset))
+def explicit_flags(parser, argv) -> set:
+    """The flags given on the command line (not left at their defaults)."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
+# Flags that only steer this invocation; all others define a run, and --resume takes them from the run.
+RUN_CONTROL = {"resume", "eval_only", "stop_at", "out_dir", "device", "dtype", "compile", "log_interval",
+               "eval_interval", "eval_windows", "eval_batch_size", "eval_context", "eval_score", "pretrained_given"}
+
+
+def adopt_saved_flags(args):
+    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
+    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
+    attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
+    out_dir = args.out_dir or default_out_dir(args.dataset, attn, args.init)
+    saved_path = os.path.join(out_dir, "args.json")
+    if os.path.isfile(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+    else:
+        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
+    for name, value in saved.items():
+        if name in RUN_CONTROL or not hasattr(args, name):
+            continue
+        if name not in args.explicit:
+            setattr(args, name, value)
+        elif args.resume and value != getattr(args, name):
+            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
+                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
+    args.out_dir = out_dir
+
+
+def dataset_name(dataset: str) -> str:
+    return os.path.basename(os.path.normpath(dataset))
+
+
+def default_out_dir(dataset: str, attn: str, init: str) -> str:
+    return os.path.join("out", f"{dataset_name(dataset)}-{attn}-{init}")
 
 
 def resolve_defaults(args, parser):
     if args.preset:
-        for key, value in PRESETS[args.preset].items():
-            if getattr(args, key) in (None, parser.get_default(key)):
+        preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
+        for key, value in preset.items():
+            if key not in args.explicit:
                 setattr(args, key, value)
     args.attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
     if args.init == "pretrained" and args.attn == "softmax":
         parser.error("--init pretrained converts a softmax model: choose --attn t2r, elu or rfa")
     schedule = SCHEDULES[args.init]
-    args.max_steps = args.max_steps or schedule["max_steps"]
-    args.lr = args.lr or schedule["lr"]
+    if args.max_steps is None:
+        args.max_steps = schedule["max_steps"]
+    if args.lr is None:
+        args.lr = schedule["lr"]
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // 10)
-    args.out_dir = args.out_dir or os.path.join("out", f"{dataset_name(args)}-{args.attn}-{args.init}")
-    args.pretrained_given = args.pretrained is not None
-    args.pretrained = args.pretrained or os.path.join("out", f"{dataset_name(args)}-softmax-random", "ckpt.pt")
+    args.out_dir = args.out_dir or default_out_dir(args.dataset, args.attn, args.init)
+    args.pretrained_given = "pretrained" in args.explicit
+    args.pretrained = args.pretrained or os.path.join(default_out_dir(args.dataset, "softmax", "random"), "ckpt.pt")
+    if args.lr <= 0:
+        parser.error("--lr must be positive")
     for name, value in (("max_steps", args.max_steps), ("batch_size", args.batch_size), ("block_size", args.block_size),
                         ("grad_accum", args.grad_accum), ("eval_interval", args.eval_interval)):
         if value < 1:
@@ -145,11 +195,9 @@ def evaluate(model, ids, eos_id, args, device, dtype, ddp, max_windows=None) -> 
     and scored once (the last eval_score tokens of each window). Returns the summed NLL and counts."""
     model.eval()
     # bos=<eos>: the first token is predicted after an end of line, so every token is scored once
-    windows = list(data.eval_windows(ids, args.eval_context, args.eval_score, bos=eos_id))
-    if max_windows:
-        windows = windows[:max_windows]
-    windows = windows[ddp.rank :: ddp.world_size]
-    totals = torch.zeros(2, dtype=torch.float64)  # summed NLL, scored tokens
+    windows = data.eval_windows(ids, args.eval_context, args.eval_score, bos=eos_id)
+    windows = list(itertools.islice(windows, max_windows))[ddp.rank :: ddp.world_size]
+    totals = torch.zeros(2, dtype=torch.float64, device=device)  # summed NLL, scored tokens (on device for NCCL)
     for i in range(0, len(windows), args.eval_batch_size):
         batch = windows[i : i + args.eval_batch_size]
         for x, y, mask in group_by_length(batch):
@@ -157,8 +205,8 @@ def evaluate(model, ids, eos_id, args, device, dtype, ddp, max_windows=None) -> 
             with autocast_context(device, dtype):
                 logits = model(x)
             nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
-            totals[0] += (nll * mask.flatten()).sum().double().cpu()
-            totals[1] += mask.sum().cpu()
+            totals[0] += (nll * mask.flatten()).sum()
+            totals[1] += mask.sum()
     model.train()
     totals = all_reduce_sum(totals, ddp)
     return {"nll": totals[0].item(), "tokens": int(totals[1].item())}
@@ -202,7 +250,7 @@ def load_teacher(args, vocab_size: int):
         raise UserError(f"{args.pretrained} is already converted (attention {sorted(set(kinds))}): "
                         f"--init pretrained needs a softmax checkpoint")
     if config.get("n_encoder_layer"):
-        raise UserError(f"{args.pretrained} is a translation model: use train_mt.py")
+        raise UserError(f"{args.pretrained} is a translation model, not a language model")
     for name in MODEL_FLAGS:
         if getattr(args, name) is not None and getattr(args, name) != config[name]:
             raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
@@ -214,28 +262,31 @@ def load_teacher(args, vocab_size: int):
 
 
 def build(args, vocab_size: int):
+    try:
+        return build_model(args, vocab_size)
+    except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
+        raise UserError(f"bad model flags: {error}") from None
+
+
+def build_model(args, vocab_size: int):
     if args.init == "pretrained":
         teacher = load_teacher(args, vocab_size)
         # finetuning's regularisation and chunking are flags; the student is built from this config
         teacher.config.dropout, teacher.config.layer_dropout = args.dropout, args.layer_dropout
         teacher.config.chunk_size = args.chunk_size
         model = convert(teacher, args.attn, args.feature_size, args.keep_softmax_every)
-        print(f"converted {args.pretrained} to {args.attn} (k={args.feature_size}, "
+        print(f"converted {args.pretrained} to {args.attn} (k={feature_size(model)}, "
               f"keep_softmax_every={args.keep_softmax_every}); new parameters: feature maps only")
         return model
     return TransformerLM(model_config(args, vocab_size))
 
 
-def check_resume_config(args, checkpoint):
-    saved = checkpoint.get("args", {})
-    for name in ("dataset", "tokenizer", "attn", "init", "feature_size", "keep_softmax_every", "block_size",
-                 "batch_size", "grad_accum", "max_steps", "lr", "warmup_steps", "seed") + MODEL_FLAGS:
-        ours, theirs = getattr(args, name), saved.get(name)
-        if name in MODEL_FLAGS and ours is None:
-            continue
-        if theirs is not None and ours != theirs:
-            raise UserError(f"--resume: {args.out_dir}/ckpt.pt was trained with {name}={theirs}, the flags say "
-                            f"{ours}: drop the flag to continue that run, or pick another --out_dir")
+def feature_size(model) -> int:
+    """k of the converted attention (elu has k = d), as reported in the tables."""
+    kinds = set(model.config.layer_kinds()) - {"softmax"}
+    if kinds == {"elu"}:
+        return model.config.d_model // model.config.n_head
+    return model.config.feature_size
 
 
 # -----------------------------------------------------------------------------
@@ -257,17 +308,18 @@ def train(args, ddp) -> dict:
         if checkpoint["config"]["vocab_size"] != lm_data.vocab_size:
             raise UserError(f"{ckpt_path} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
                             f"{lm_data.vocab_size}: pass the --dataset and --tokenizer it was trained with")
-        if args.resume:
-            check_resume_config(args, checkpoint)
         model = model_from_checkpoint(checkpoint, ckpt_path)
     else:
         if os.path.exists(ckpt_path):
             raise UserError(f"{ckpt_path} exists: pass --resume to continue it, --eval_only to evaluate it, "
                             f"or choose another --out_dir")
         model = build(args, lm_data.vocab_size)
+    if len(lm_data.train) <= args.block_size:
+        raise UserError(f"the training split has {len(lm_data.train)} tokens, not more than --block_size "
+                        f"{args.block_size}: use a smaller --block_size or more data")
     if args.freeze_feature_map:
         for name, p in model.named_parameters():
-            if ".feature_map." in name:
+            if is_feature_map_parameter(name):
                 p.requires_grad_(False)
     model.to(device)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, device)
@@ -285,12 +337,14 @@ def train(args, ddp) -> dict:
         print_config("model", model.config.to_dict())
         print(f"parameters: {unwrap(model).num_params():,}")
         with open(os.path.join(args.out_dir, "args.json"), "w") as f:
-            json.dump({**vars(args), "config": model.config.to_dict()}, f, indent=1)
+            json.dump(serializable(vars(args)), f, indent=1)
     raw_model = model
     if compile_model:
         model = torch.compile(model)
     if ddp.enabled:
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # LayerDrop skips whole layers, whose parameters then get no gradient in that step
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                        find_unused_parameters=raw_model.config.layer_dropout > 0)
 
     def save():
         rng = gather_rng(rng_state(generator), ddp)
@@ -368,7 +422,7 @@ def report(model, lm_data, args, device, dtype, ddp, train_seconds) -> dict:
     results = final_evaluation(model, lm_data, args, device, dtype, ddp)
     results["train_minutes"] = train_seconds / 60
     results["attn"] = args.attn if args.init == "random" else f"{args.attn}+pretrain"
-    results["k"] = model.config.feature_size
+    results["k"] = feature_size(model) if args.attn != "softmax" else None
     if ddp.is_main:
         line = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
         if "word_ppl" in results["test"]:
@@ -412,13 +466,14 @@ def teacher_args(args):
     teacher.max_steps, teacher.warmup_steps, teacher.lr = 2 * args.max_steps, 2 * args.warmup_steps, 2 * args.lr
     teacher.stop_at, teacher.eval_only = None, False
     teacher.resume = os.path.exists(args.pretrained)
+    teacher.explicit = set()
     return teacher
 
 
 def print_table(rows):
     print("\n| model | k | valid ppl | test ppl | train minutes |\n|---|---|---|---|---|")
     for name, k, r in rows:
-        print(f"| {name} | {k} | {r['valid']['ppl']:.2f} | {r['test']['ppl']:.2f} | {r['train_minutes']:.1f} |")
+        print(f"| {name} | {k or '-'} | {r['valid']['ppl']:.2f} | {r['test']['ppl']:.2f} | {r['train_minutes']:.1f} |")
 
 
 def main():

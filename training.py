@@ -1,4 +1,4 @@
-"""Helpers shared by train_lm.py, train_mt.py and generate.py: command line, device, precision,
+"""Helpers shared by the scripts (train_lm.py, generate.py, bench.py): command line, device, precision,
 learning-rate schedule, distributed setup and checkpoints that resume exactly."""
 
 import argparse
@@ -87,10 +87,10 @@ def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps
 
 
 def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
-    """AdamW; weight decay on matrices only, not on biases, LayerNorm gains or the RFA temperature."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+    """AdamW; weight decay on weight matrices only, not on biases, LayerNorm gains or the RFA temperature."""
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    decay = [p for name, p in params if p.dim() >= 2 and not name.endswith("bias")]  # T2R's bias is (r, k)
+    no_decay = [p for name, p in params if p.dim() < 2 or name.endswith("bias")]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8, fused=device.type == "cuda")
 
@@ -138,7 +138,7 @@ def all_reduce_sum(values: torch.Tensor, ddp: Distributed) -> torch.Tensor:
 def rng_state(generator: torch.Generator) -> dict:
     state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's device only
     return state
 
 
@@ -146,7 +146,7 @@ def set_rng_state(state: dict, generator: torch.Generator):
     torch.set_rng_state(state["torch"])
     generator.set_state(state["data"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def save_checkpoint(path: str, checkpoint: dict):
