@@ -590,7 +590,7 @@ def machine_line(args) -> str:
 
 
 def write_markdown(rows, args, path, command, seconds):
-    lines = [f"# bench.py results", "", f"`{command}` on {machine_line(args)}; {seconds / 60:.1f} min.",
+    lines = ["# bench.py results", "", f"`{command}` on {machine_line(args)}; {seconds / 60:.1f} min.",
              "Sizes in MiB; latency at position = length (median of the last 32 steps); tokens/s for generating "
              "`length` tokens from an empty state (s2s: source length = target length, encoding included).", ""]
     targets = check_targets(rows, args)

@@ -116,20 +116,20 @@ def main():
     def pick(logits):
         return sample(logits, args.temperature, args.top_k, generator)
 
-    shown = {"ids": list(ids), "text": lm.decode(ids)}
+    recent = list(ids[-7:])  # decode a short window, not the whole text: O(1) per token
 
     def stream(token):
         """Print what the new token adds to the decoded text (BPE pieces join up, <eos> is a new line)."""
         if args.num_samples == 1:
-            shown["ids"].append(int(token[0]))
-            text = lm.decode(shown["ids"])
-            print(text[len(shown["text"]):], end="", flush=True)
-            shown["text"] = text
+            before = lm.decode(recent)
+            recent.append(int(token[0]))
+            print(lm.decode(recent)[len(before):], end="", flush=True)
+            del recent[:-7]
 
     form = "recurrent state (RNN)" if kinds != ["softmax"] else "KV cache"
     print(f"{args.ckpt}: attention {', '.join(kinds)}{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
           f"mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
-    print(shown["text"], end="", flush=True)
+    print(lm.decode(ids), end="", flush=True)
     run = generate_recurrent if args.mode == "recurrent" else generate_recompute
     start = time.time()
     tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream)

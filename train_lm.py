@@ -378,7 +378,7 @@ def train(args, ddp) -> dict:
                 logits = model(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / args.grad_accum
             scaler.scale(loss).backward()
-            loss_sum += loss.item()
+            loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
         loss_count += 1
         if args.grad_clip > 0:
             scaler.unscale_(optimizer)
@@ -393,9 +393,10 @@ def train(args, ddp) -> dict:
         if step % args.log_interval == 0 or step == args.max_steps:
             elapsed, t_last = time.time() - t_last, time.time()
             tok_s = tokens_per_step * loss_count / elapsed
-            bar.set_postfix(loss=f"{loss_sum / loss_count:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
+            mean_loss = float(loss_sum) / loss_count
+            bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tok_s:,.0f}")
             if ddp.is_main:
-                tqdm.write(f"step {step}/{args.max_steps} | loss {loss_sum / loss_count:.4f} | lr {lr:.2e} | "
+                tqdm.write(f"step {step}/{args.max_steps} | loss {mean_loss:.4f} | lr {lr:.2e} | "
                            f"{tok_s:,.0f} tok/s | {train_seconds / 60:.1f} min")
             loss_sum, loss_count = 0.0, 0
         if step % args.eval_interval == 0 or step == args.max_steps:
