@@ -28,9 +28,10 @@ from tqdm import tqdm
 
 import data
 from t2r import ATTENTION_KINDS, Config, TransformerLM, convert, is_feature_map_parameter
-from training import (Parser, UserError, all_reduce_sum, autocast_context, get_device, get_lr, load_checkpoint,
-                      make_optimizer, make_scaler, model_from_checkpoint, print_config, resolve_dtype, rng_state,
-                      run_main, save_checkpoint, set_rng_state, setup_distributed, unwrap)
+from training import (Parser, UserError, all_reduce_sum, autocast_context, explicit_flags, get_device, get_lr,
+                      load_checkpoint, make_optimizer, make_scaler, model_from_checkpoint, print_config, resolve_dtype,
+                      rng_state, run_main, save_checkpoint, serializable, set_rng_state, setup_distributed,
+                      take_saved_flags, unwrap)
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -106,39 +107,16 @@ def get_args(argv=None):
     return resolve_defaults(args, p)
 
 
-def explicit_flags(parser, argv) -> set:
-    """The flags given on the command line (not left at their defaults)."""
-    quiet = copy.deepcopy(parser)
-    for action in quiet._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(quiet.parse_args(argv)))
-
-
 # Flags that only steer this invocation; all others define a run, and --resume takes them from the run.
 RUN_CONTROL = {"resume", "eval_only", "stop_at", "out_dir", "device", "dtype", "compile", "log_interval",
                "eval_interval", "eval_windows", "eval_batch_size", "eval_context", "eval_score", "pretrained_given"}
 
 
 def adopt_saved_flags(args):
-    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
-    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
+    """--resume and --eval_only continue the run in out_dir (see training.take_saved_flags)."""
     attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
     out_dir = args.out_dir or default_out_dir(args.dataset, attn, args.init)
-    saved_path = os.path.join(out_dir, "args.json")
-    if os.path.isfile(saved_path):
-        with open(saved_path) as f:
-            saved = json.load(f)
-    else:
-        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
-    for name, value in saved.items():
-        if name in RUN_CONTROL or not hasattr(args, name):
-            continue
-        if name not in args.explicit:
-            setattr(args, name, value)
-        elif args.resume and value != getattr(args, name):
-            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
-                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
-    args.out_dir = out_dir
+    take_saved_flags(args, out_dir, RUN_CONTROL)
 
 
 def dataset_name(dataset: str) -> str:
@@ -441,10 +419,6 @@ def gather_rng(state: dict, ddp) -> list:
     states = [None] * ddp.world_size
     dist.all_gather_object(states, state)
     return states
-
-
-def serializable(values: dict) -> dict:
-    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
 
 def load_data(args):

@@ -2,6 +2,8 @@
 learning-rate schedule, distributed setup and checkpoints that resume exactly."""
 
 import argparse
+import copy
+import json
 import math
 import os
 import sys
@@ -36,6 +38,38 @@ class Parser(argparse.ArgumentParser):
 
 def print_config(title: str, values: dict):
     print(f"{title}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+def explicit_flags(parser, argv) -> set:
+    """The flags given on the command line (not left at their defaults)."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
+def serializable(values: dict) -> dict:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def take_saved_flags(args, out_dir: str, run_control: set):
+    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
+    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
+    saved_path = os.path.join(out_dir, "args.json")
+    if os.path.isfile(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+    else:
+        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
+    for name, value in saved.items():
+        if name in run_control or not hasattr(args, name):
+            continue
+        if name not in args.explicit:
+            setattr(args, name, value)
+        elif args.resume and value != getattr(args, name):
+            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
+                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
+    args.out_dir = out_dir
 
 
 # -----------------------------------------------------------------------------
@@ -84,6 +118,12 @@ def get_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, max_steps
         return max_lr * (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
     return min_lr + 0.5 * (max_lr - min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def get_lr_inverse_sqrt(step: int, max_lr: float, warmup_steps: int) -> float:
+    """Linear warmup to max_lr, then max_lr * sqrt(warmup / step): fairseq's inverse_sqrt (Vaswani et al.)."""
+    step = step + 1
+    return max_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
 def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
