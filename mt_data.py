@@ -19,7 +19,6 @@ import hashlib
 import html.parser
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -254,11 +253,6 @@ def load_parallel(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | No
     with data._atomic(cache) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(corpus, f, ensure_ascii=False)
     return corpus
-
-
-def remove_downloads(folder: Path) -> None:
-    """Delete the unpacked packages once the corpus is cached (they are 100 MB of HTML)."""
-    shutil.rmtree(folder / "usr", ignore_errors=True)
 
 
 # -----------------------------------------------------------------------------

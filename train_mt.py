@@ -14,6 +14,7 @@ The offline corpus is the LibreOffice help in English and German (mt_data.py). D
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -270,7 +271,6 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     model.eval()
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
-    ids = [x[: args.max_len + 1] if len(x) > args.max_len + 1 else x for x in ids]
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
     out = [""] * len(sentences)
     starts = range(0, len(order), args.decode_batch_size)
@@ -640,9 +640,8 @@ def load_final_model(args):
 
 
 def translate_file(args):
-    device = get_device(args.device)
+    """Translations on stdout, one line per input line, and nothing else there (so `> out.txt` is clean)."""
     model, tokenizer, _ = load_final_model(args)
-    model = inference_model(model.to(device))
     if args.translate == "-":
         lines = sys.stdin.read().splitlines()
     elif os.path.isfile(args.translate):
@@ -650,6 +649,9 @@ def translate_file(args):
             lines = f.read().splitlines()
     else:
         raise UserError(f"--translate {args.translate}: no such file (use - for stdin)")
+    with contextlib.redirect_stdout(sys.stderr):
+        device = get_device(args.device)
+    model = inference_model(model.to(device))
     for line in translate_sentences(model, tokenizer, lines, args, device, progress=len(lines) > 100):
         print(line)
 
