@@ -38,6 +38,7 @@ LIBREOFFICE_PACKAGES = {"en": "libreoffice-help-en-us", "de": "libreoffice-help-
 LIBREOFFICE_FOLDERS = {"en": "en-US", "de": "de"}
 LIBREOFFICE_HELP = "usr/share/libreoffice/help"
 HELD_OUT = 1000  # sentences in each of valid and test (the offline corpus)
+PREPARED_FORMAT = 2  # bump when extraction or splitting changes, so old prepared corpora are rebuilt
 MIN_SOURCE_WORDS = 3  # pairs whose English side is shorter are menu labels, not sentences
 
 # Multi30k, task 1 (Elliott et al., 2016): 29,000 / 1,014 / 1,000 image captions in English and German
@@ -120,11 +121,13 @@ def extract_help_pairs(help_root: str | Path, src_lang: str = "en", tgt_lang: st
     return sorted(pairs)
 
 
-def split_pairs(pairs: list[tuple[str, str]], held_out: int = HELD_OUT) -> dict[str, list[tuple[str, str]]]:
-    """A deterministic split: order the pairs by a hash of their source side and take the first `held_out`
-    for test and the next for valid. Hashing the source keeps every translation of one sentence in one split."""
+def split_pairs(pairs: list[tuple[str, str]], held_out: int = HELD_OUT, key_side: int = 0
+                ) -> dict[str, list[tuple[str, str]]]:
+    """A deterministic split: order the pairs by a hash of one side (key_side: 0 source, 1 target) and take the
+    first `held_out` for test and the next for valid. Hashing one side keeps every translation of a sentence in
+    one split; hashing the English side gives en-de and de-en the same test sentences."""
     def key(pair):
-        return hashlib.sha1(pair[0].encode()).hexdigest(), pair
+        return hashlib.sha1(pair[key_side].encode()).hexdigest(), pair
     ordered = sorted(pairs, key=key)
     if len(ordered) < 3 * held_out:
         held_out = max(1, len(ordered) // 10)
@@ -171,7 +174,7 @@ def libreoffice_corpus(data_dir: Path, src_lang: str, tgt_lang: str, run: Callab
                             f"use --src en --tgt de or --src de --tgt en")
     help_root = fetch_libreoffice_help(data_dir, (src_lang, tgt_lang), run)
     print(f"extracting aligned paragraphs from {help_root}")
-    return split_pairs(extract_help_pairs(help_root, src_lang, tgt_lang))
+    return split_pairs(extract_help_pairs(help_root, src_lang, tgt_lang), key_side=0 if src_lang == "en" else 1)
 
 
 # -----------------------------------------------------------------------------
@@ -239,7 +242,7 @@ def load_parallel(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | No
             raise DataError(f"unknown dataset {dataset!r}: use libreoffice, multi30k or a folder of aligned files")
         return folder_corpus(Path(dataset), src_lang, tgt_lang)
     folder = Path(data_dir or os.path.join("data", "mt", dataset))
-    cache = folder / f"prepared-{src_lang}-{tgt_lang}.json"
+    cache = folder / f"prepared-v{PREPARED_FORMAT}-{src_lang}-{tgt_lang}.json"
     if cache.is_file():
         try:
             with open(cache, encoding="utf-8") as f:

@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 import data
 from t2r import ATTENTION_KINDS, Config, TransformerLM, convert, is_feature_map_parameter
-from training import (Parser, UserError, all_reduce_sum, autocast_context, explicit_flags, get_device, get_lr,
-                      load_checkpoint, make_optimizer, make_scaler, model_from_checkpoint, print_config, resolve_dtype,
-                      rng_state, run_main, save_checkpoint, serializable, set_rng_state, setup_distributed,
-                      take_saved_flags, unwrap)
+from training import (Parser, UserError, all_reduce_sum, autocast_context, explicit_flags, gather_rng, get_device,
+                      get_lr, load_checkpoint, make_optimizer, make_scaler, model_from_checkpoint, optimizer_step,
+                      print_config, resolve_dtype, rng_state, run_main, save_checkpoint, serializable, set_lr,
+                      set_rng_state, setup_distributed, take_saved_flags, unwrap)
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -346,8 +346,7 @@ def train(args, ddp) -> dict:
             break
         t_step = time.time()
         lr = get_lr(step, args.lr, min_lr, args.warmup_steps, args.max_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         for micro in range(args.grad_accum):
             x, y = data.get_batch(lm_data.train, args.batch_size, args.block_size, generator)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -358,12 +357,7 @@ def train(args, ddp) -> dict:
             scaler.scale(loss).backward()
             loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
         loss_count += 1
-        if args.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
         step += 1
         train_seconds += time.time() - t_step
         bar.update(1)
@@ -410,15 +404,6 @@ def report(model, lm_data, args, device, dtype, ddp, train_seconds) -> dict:
         with open(os.path.join(args.out_dir, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
     return results
-
-
-def gather_rng(state: dict, ddp) -> list:
-    """Every process's RNG state, so a resumed data-parallel run continues each stream."""
-    if not ddp.enabled:
-        return [state]
-    states = [None] * ddp.world_size
-    dist.all_gather_object(states, state)
-    return states
 
 
 def load_data(args):

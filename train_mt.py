@@ -32,16 +32,16 @@ from tqdm import tqdm
 import mt_data
 from mt_data import BOS_ID, EOS_ID, PAD_ID
 from t2r import ATTENTION_KINDS, Config, Seq2SeqTransformer, convert, fold, reorder_state
-from training import (Parser, UserError, all_reduce_sum, autocast_context, explicit_flags, get_device,
+from training import (Parser, UserError, all_reduce_sum, autocast_context, explicit_flags, gather_rng, get_device,
                       get_lr_inverse_sqrt, load_checkpoint, make_optimizer, make_scaler, model_from_checkpoint,
-                      print_config, resolve_dtype, rng_state, run_main, save_checkpoint, serializable, set_rng_state,
-                      setup_distributed, take_saved_flags)
+                      optimizer_step, print_config, resolve_dtype, rng_state, run_main, save_checkpoint, serializable,
+                      set_lr, set_rng_state, setup_distributed, take_saved_flags)
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
 # and the number of updates (30K -> 20K), with the same inverse square-root warmup.
 SCHEDULES = {
-    "random": dict(max_steps=800, lr=1e-3),
-    "pretrained": dict(max_steps=400, lr=4e-4),
+    "random": dict(max_steps=1100, lr=1e-3),
+    "pretrained": dict(max_steps=450, lr=4e-4),
 }
 MODEL_FLAGS = ("n_layer", "n_encoder_layer", "n_head", "d_model", "d_ff")
 MODEL_DEFAULTS = dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=256, d_ff=1024)
@@ -65,7 +65,7 @@ def get_args(argv=None):
     g.add_argument("--n_head", type=int, default=None, help="attention heads r (default 4)")
     g.add_argument("--d_model", type=int, default=None, help="model width h (default 256)")
     g.add_argument("--d_ff", type=int, default=None, help="feed-forward width (default 1024)")
-    g.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings, sublayers and the feed-forward layer")
+    g.add_argument("--dropout", type=float, default=0.1, help="dropout on embeddings, sublayers and the feed-forward layer (paper: 0.3)")
     g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="the decoder's causal and cross attention (default softmax; t2r with --init pretrained)")
     g.add_argument("--feature_size", type=int, default=4, help="k of the decoder's causal attention (t2r, rfa; elu has k = d)")
     g.add_argument("--cross_feature_size", type=int, default=32, help="k of the cross attention")
@@ -74,11 +74,11 @@ def get_args(argv=None):
     g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a softmax translator")
     g.add_argument("--pretrained", default=None, help="softmax translator to convert (default <its out_dir>/model.pt, trained first if missing)")
     g = p.add_argument_group("training")
-    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps (default 800 random, 400 pretrained)")
+    g.add_argument("--max_steps", type=int, default=None, help="optimizer steps (default 1100 random, 450 pretrained)")
     g.add_argument("--max_tokens", type=int, default=2048, help="tokens (padding included) per batch, source or target side")
     g.add_argument("--grad_accum", type=int, default=1, help="batches per optimizer step")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1e-3 random, 4e-4 pretrained)")
-    g.add_argument("--warmup_steps", type=int, default=None, help="inverse square-root warmup steps (default 1/6 of max_steps)")
+    g.add_argument("--warmup_steps", type=int, default=None, help="inverse square-root warmup steps (default 1/8 of max_steps)")
     g.add_argument("--label_smoothing", type=float, default=0.1, help="label smoothing epsilon")
     g.add_argument("--weight_decay", type=float, default=0.0, help="AdamW weight decay on matrices (appendix Tables 5-6: 0)")
     g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
@@ -123,7 +123,7 @@ def resolve_defaults(args, parser):
     schedule = SCHEDULES[args.init]
     args.max_steps = args.max_steps or schedule["max_steps"]
     args.lr = args.lr or schedule["lr"]
-    args.warmup_steps = args.warmup_steps or max(1, args.max_steps // 6)
+    args.warmup_steps = args.warmup_steps or max(1, args.max_steps // 8)
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
     args.pretrained_given = "pretrained" in args.explicit
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
@@ -535,8 +535,7 @@ def train(args, ddp) -> dict:
             break
         t_step = time.time()
         lr = get_lr_inverse_sqrt(step, args.lr, args.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_lr(optimizer, lr)
         for micro in range(args.grad_accum):
             counter = (step * args.grad_accum + micro) * ddp.world_size + ddp.rank
             src, tgt_in, tgt_out = mt_data.collate(train_examples, batch_at(train_batches, counter, args.seed))
@@ -548,12 +547,7 @@ def train(args, ddp) -> dict:
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
         loss_count += 1
-        if args.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), args.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
         step += 1
         train_seconds += time.time() - t_step
         bar.update(1)
@@ -611,14 +605,6 @@ def report(model, tokenizer, corpus, args, device, train_seconds: float) -> dict
     with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     return results
-
-
-def gather_rng(state: dict, ddp) -> list:
-    if not ddp.enabled:
-        return [state]
-    states = [None] * ddp.world_size
-    dist.all_gather_object(states, state)
-    return states
 
 
 # -----------------------------------------------------------------------------

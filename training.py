@@ -126,6 +126,21 @@ def get_lr_inverse_sqrt(step: int, max_lr: float, warmup_steps: int) -> float:
     return max_lr * min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
+def set_lr(optimizer, lr: float):
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def optimizer_step(model, optimizer, scaler, grad_clip: float):
+    """Clip the gradient norm (after unscaling fp16 gradients), step, and clear the gradients."""
+    if grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
     """AdamW; weight decay on weight matrices only, not on biases, LayerNorm gains or the RFA temperature."""
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -187,6 +202,15 @@ def set_rng_state(state: dict, generator: torch.Generator):
     generator.set_state(state["data"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather_rng(state: dict, ddp: Distributed) -> list:
+    """Every process's RNG state, so a resumed data-parallel run continues each stream."""
+    if not ddp.enabled:
+        return [state]
+    states = [None] * ddp.world_size
+    dist.all_gather_object(states, state)
+    return states
 
 
 def save_checkpoint(path: str, checkpoint: dict):
