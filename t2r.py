@@ -12,6 +12,7 @@ the linear kinds keep a state S (k x d) and z (k) per head (Eqs. 5-7), softmax k
 
     python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune
     python generate.py                        # sample with the recurrent form
+    python train_mt.py --init pretrained      # the same for a translator's decoder (causal k=4, cross k=32)
     python -m pytest -q                       # the forms agree; see test_t2r.py
 
 Shapes: B batch, T target length, S source length, H heads (r in the paper),

@@ -121,14 +121,14 @@ def resolve_defaults(args, parser):
     if args.init == "pretrained" and args.attn == "softmax":
         parser.error("--init pretrained converts a softmax translator: choose --attn t2r, elu or rfa")
     schedule = SCHEDULES[args.init]
-    args.max_steps = args.max_steps or schedule["max_steps"]
-    args.lr = args.lr or schedule["lr"]
-    args.warmup_steps = args.warmup_steps or max(1, args.max_steps // 8)
+    args.max_steps = schedule["max_steps"] if args.max_steps is None else args.max_steps
+    args.lr = schedule["lr"] if args.lr is None else args.lr
+    args.warmup_steps = max(1, args.max_steps // 8) if args.warmup_steps is None else args.warmup_steps
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
     args.pretrained_given = "pretrained" in args.explicit
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
-    for name in ("max_steps", "max_tokens", "grad_accum", "eval_interval", "beam", "decode_batch_size",
-                 "average_last", "snapshot_interval", "max_len", "vocab_size"):
+    for name in ("max_steps", "warmup_steps", "max_tokens", "grad_accum", "eval_interval", "beam",
+                 "decode_batch_size", "average_last", "snapshot_interval", "max_len", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
     if args.lr <= 0 or not 0 <= args.label_smoothing < 1:
