@@ -502,7 +502,7 @@ def train(args, ddp) -> dict:
         scaler.load_state_dict(checkpoint["scaler"])
         step, best_val, train_seconds = checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"]
         # the batch order is a function of the step (batch_at); only the dropout RNG needs restoring
-        set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], torch.Generator())
+        set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)])
         print(f"resumed {ckpt_path} at step {step} (best validation loss {best_val:.4f})")
 
     if ddp.is_main:
@@ -518,7 +518,7 @@ def train(args, ddp) -> dict:
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     def save():
-        rng = gather_rng(rng_state(torch.Generator()), ddp)
+        rng = gather_rng(rng_state(), ddp)
         if ddp.is_main:
             save_checkpoint(ckpt_path, {
                 "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
@@ -620,7 +620,7 @@ def load_final_model(args):
         raise UserError(f"{path} is not a translator checkpoint (no tokenizer or encoder in it)")
     try:
         tokenizer = mt_data.load_tokenizer(checkpoint["tokenizer"])
-    except (mt_data.DataError, Exception) as error:
+    except Exception as error:  # DataError (no specials), or JSON the tokenizers library rejects
         raise UserError(f"{path} holds an unreadable tokenizer ({error}): retrain it") from None
     return model_from_checkpoint(checkpoint, path), tokenizer, checkpoint
 

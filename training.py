@@ -190,16 +190,20 @@ def all_reduce_sum(values: torch.Tensor, ddp: Distributed) -> torch.Tensor:
 # -----------------------------------------------------------------------------
 # Checkpoints: written atomically, loaded with weights_only=True, resumed exactly
 
-def rng_state(generator: torch.Generator) -> dict:
-    state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
+def rng_state(generator: torch.Generator | None = None) -> dict:
+    """The global (dropout) RNG, and the data generator of trainers that draw batches from one."""
+    state = {"torch": torch.get_rng_state()}
+    if generator is not None:
+        state["data"] = generator.get_state()
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()  # this process's device only
     return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator):
+def set_rng_state(state: dict, generator: torch.Generator | None = None):
     torch.set_rng_state(state["torch"])
-    generator.set_state(state["data"])
+    if generator is not None:
+        generator.set_state(state["data"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
 
