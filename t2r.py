@@ -283,6 +283,14 @@ class SoftmaxAttention(Attention):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and source is None)
         return self.merge(out)
 
+    def attention_weights(self, x):
+        """The causal distributions of Eq. 2 as a (B, H, T, T) matrix, for the analysis of section 4."""
+        q, k, _ = self.project(x, x)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
+        T = x.shape[1]
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        return scores.masked_fill(future, float("-inf")).softmax(-1)
+
     # Recurrent form: a key/value cache that grows with t, allocated ahead and doubled when full
     # (amortised O(1) per token instead of a torch.cat copy of the whole cache at every step).
     def init_state(self, batch_size: int, device, dtype):
@@ -341,6 +349,15 @@ class LinearAttention(Attention):
             else:
                 out = linear_attention_quadratic(fq, fk, v, causal=True)
         return self.merge(out.to(x.dtype))
+
+    def attention_weights(self, x):
+        """The causal weights sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 as a (B, H, T, T) matrix
+        (float32), for the analysis of section 4. The forms above never build it."""
+        fq, fk, _ = self.features(x, x)
+        with full_precision(x.device):
+            T = x.shape[1]
+            sim = (fq @ fk.transpose(-1, -2)) * torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            return normalize(sim, sim.sum(-1))  # the same epsilon rule as every form
 
     # Recurrent form: S (k x d) and z (k) per head, the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
