@@ -201,6 +201,25 @@ def test_greedy_recurrent_equals_greedy_recompute(kind):
     assert recurrent == recompute and any(len(h) > 2 for h in recurrent)
 
 
+def test_greedy_speed_counts_every_generated_token():
+    """Table 2's tokens/s: the count is every hypothesis token plus its </s>, over batches of 16 in length order."""
+    pairs = [("Click the button to open the dialog.", "Klicken Sie auf die Schaltfläche."),
+             ("Change size", "Größe ändern"), ("Open the file", "Datei öffnen")] * 8
+    tokenizer = mt_data.train_joint_bpe(pairs, 300)
+    torch.manual_seed(0)
+    config = Config(vocab_size=tokenizer.get_vocab_size(), n_layer=1, n_encoder_layer=1, n_head=2, d_model=16,
+                    d_ff=32, dropout=0.0, attn="t2r", cross_attn="t2r", feature_size=4, cross_feature_size=6,
+                    pad_id=PAD_ID)
+    model = Seq2SeqTransformer(config).eval()
+    sentences = [s for s, _ in pairs][:20] + [""]  # 20 sentences (one batch of 16, one of 4) and an empty line
+    speed = train_mt.greedy_speed(model, tokenizer, sentences, torch.device("cpu"), batch_size=16)
+    ids = sorted(mt_data.encode(tokenizer, sentences[:20]), key=len)
+    expected = sum(len(h) + 1 for start in (0, 16)
+                   for h in train_mt.greedy_decode(model, mt_data.pad(ids[start:start + 16])))
+    print(speed)
+    assert speed["tokens"] == expected and speed["sentences"] == 20 and speed["tokens_per_s"] > 0
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_beam_scores_equal_parallel_rescoring(kind):
     """Every hypothesis beam search finishes carries log p(y </s> | x) equal to one teacher-forced pass over it:
