@@ -224,9 +224,11 @@ def shorten(path: str) -> str:
 
 
 def summary(results: dict) -> str:
-    if "valid" in results and "ppl" in results["valid"]:
-        return f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
-    return ", ".join(f"{k}={v}" for k, v in results.items() if isinstance(v, (int, float)))
+    if "ppl" in results["valid"]:
+        score = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
+    else:
+        score = f"valid BLEU {results['valid']['bleu']:.2f} | test BLEU {results['test']['bleu']:.2f}"
+    return f"{score} | {results['train_minutes']:.1f} train minutes"
 
 
 # -----------------------------------------------------------------------------
