@@ -124,7 +124,6 @@ def mt_runs(out: str, size: dict) -> list:
 
 def measure_speed(runs: list, dry_run: bool):
     """Greedy tokens/s at batch 16 on the test sources, for each finished translator (speed.json)."""
-    import torch
     import train_mt
     from training import get_device
     for run in runs:
@@ -140,8 +139,7 @@ def measure_speed(runs: list, dry_run: bool):
         sentences = [s for s, _ in corpus["test"][: args.bleu_sentences or None]]
         model = train_mt.inference_model(model.to(device))
         speed = train_mt.greedy_speed(model, tokenizer, sentences, device, SPEED_BATCH, args.max_len_a, args.max_len_b)
-        speed["threads"] = torch.get_num_threads()
-        write_json(path, speed)
+        write_json(path, {**speed, **machine()})
         print(f"    {speed['tokens_per_s']:.0f} tokens/s ({speed['tokens']} tokens in {speed['seconds']:.1f} s)", flush=True)
 
 
@@ -214,9 +212,22 @@ def execute(runs: list, dry_run: bool):
         if result.returncode != 0:
             sys.exit(f"error: {run.name} failed (exit {result.returncode}); see {out_dir}/train.log, "
                      f"then rerun this command to continue")
-        with open(os.path.join(out_dir, "results.json")) as f:
-            r = json.load(f)
-        print(f"    {time.time() - t0:.0f} s wall | {summary(r)}", flush=True)
+        write_json(os.path.join(out_dir, "machine.json"), {**machine(), "wall_seconds": round(time.time() - t0, 1)})
+        print(f"    {time.time() - t0:.0f} s wall | {summary(read_json(os.path.join(out_dir, 'results.json')))}", flush=True)
+
+
+def machine() -> dict:
+    """Where a run ran: its minutes and tokens/s only compare with runs on the same machine."""
+    import platform
+    import torch
+    cpu = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{cpu}, {os.cpu_count()} cores"
+    return {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
 def shorten(path: str) -> str:
@@ -569,11 +580,19 @@ def write_results(out: str, results_dir: str, lm_plan: list, mt_plan: list):
     if att:
         plot_attention(att, os.path.join(results_dir, "attention.png"))
     claims = lm_claims(lm) + feature_claims(fs, att) + mt_claims(mt)
+    machines = {}
+    for run in finished(lm_plan) + finished(mt_plan):
+        path = os.path.join(out_dir_of(run), "machine.json")
+        m = read_json(path) if os.path.isfile(path) else {}
+        where = (f"{m['device']}, {m['threads']} threads, torch {m['torch']}, {m['date']}" if m else "not recorded")
+        machines.setdefault(where, []).append(run.name if run.script == "train_lm.py" else f"mt/{run.name}")
     lines = ["<!-- written by experiments/study.py from the CSVs beside it; do not edit -->",
              "### Language modelling (Table 1, PTB)", "", *lm_table(lm), "",
              "### Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(fs, att), "",
              "### Translation (Table 2, LibreOffice help en-de)", "", *mt_table(mt), "",
-             "### The paper's claims and ours", "", *claims_table(claims), ""]
+             "### The paper's claims and ours", "", *claims_table(claims), "",
+             "Where the runs ran (minutes and tokens/s compare only within one machine):", "",
+             *[f"- {where}: {len(names)} runs" for where, names in machines.items()], ""]
     with open(os.path.join(results_dir, "study.md"), "w") as f:
         f.write("\n".join(lines))
     print("\n".join(lines))
