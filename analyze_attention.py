@@ -11,6 +11,7 @@ the whole window; its attention distribution over the window at that last positi
 layer and head (the paper: "predicting a word given the preceding 512 words"). Two averages over windows,
 layers and heads:
     distance : Euclidean distance ||a - a_teacher||_2 to the teacher's distribution of the same layer and head
+               (an empty row, see below, counts as the zero vector: its output is 0, far from the teacher's)
                (Fig. 5; only for models converted from that teacher, whose heads line up with its heads: the
                --before models and checkpoints whose run converted --teacher)
     entropy  : -sum_j a_j log a_j in nats (Fig. 6); log(T) for a uniform distribution over T positions
@@ -87,6 +88,16 @@ def validation_windows(ids, context: int, n: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(ids[: n * context], dtype=np.int64)).view(n, context)
 
 
+def starting_point(checkpoint: dict, path: str, feature_size: int, seed: int):
+    """The T2R model that `train_lm.py --init pretrained --feature_size K --seed S` starts finetuning from.
+    train_lm.py seeds, rebuilds the teacher from its checkpoint (which draws random numbers for the
+    initialisation it then overwrites), then converts: the same draws in the same order give the same
+    fresh feature maps (test_study.py checks this against a run stopped at step 0)."""
+    torch.manual_seed(seed)
+    teacher = model_from_checkpoint(checkpoint, path)
+    return convert(teacher, "t2r", feature_size)
+
+
 def describe(model) -> tuple[str, int | None]:
     """(attention kind, k) as the results tables write them."""
     config = model.config
@@ -157,13 +168,15 @@ def analyse(args) -> list[dict]:
             raise UserError(f"--teacher {args.teacher} is not a softmax model")
         models.append(("teacher", args.teacher, teacher))
         for k in args.before:
-            torch.manual_seed(args.seed)  # the feature maps a finetuning run with this --seed starts from
-            models.append(("before finetuning", f"{args.teacher} -> t2r k={k}", convert(teacher, "t2r", k)))
+            student = starting_point(load_checkpoint(args.teacher), args.teacher, k, args.seed)
+            models.append(("before finetuning", f"{args.teacher} -> t2r k={k}", student.to(device)))
     for path in args.checkpoints:
         model, saved = load_lm(path, device)
         # distances only mean something for a model converted from this teacher: its heads are the teacher's
-        converted = (args.teacher and saved.get("init") == "pretrained" and saved.get("pretrained")
-                     and os.path.isfile(saved["pretrained"]) and os.path.samefile(saved["pretrained"], args.teacher))
+        converted = bool(args.teacher and saved.get("init") == "pretrained" and saved.get("pretrained")
+                         and os.path.isfile(saved["pretrained"]) and os.path.samefile(saved["pretrained"], args.teacher))
+        if args.teacher and saved.get("init") == "pretrained" and not converted:
+            print(f"note: {path} was converted from {saved.get('pretrained')}, not found as --teacher: no distance")
         models.append(("finetuned" if converted else "checkpoint", path, model))
 
     for stage, name, model in models:
