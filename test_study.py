@@ -133,6 +133,18 @@ def test_before_finetuning_is_the_finetuning_runs_starting_point(tmp_path):
         assert report(f"seed {seed}: --before vs the run's step-0 checkpoint", diff) == 0
     other = analyze_attention.starting_point(torch.load(teacher, weights_only=True), teacher, 8, 1).state_dict()
     assert (other["layers.0.self_attn.feature_map.weight"] != rebuilt["layers.0.self_attn.feature_map.weight"]).any()
+    # the study's control: --init pretrained --attn softmax trains the teacher on, unchanged (no swap)
+    control = str(tmp_path / "control")
+    run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--attn", "softmax",
+        "--max_steps", "2", "--stop_at", "0", "--out_dir", control, cwd=tmp_path)
+    start = torch.load(os.path.join(control, "ckpt.pt"), weights_only=True)
+    original = torch.load(teacher, weights_only=True)
+    assert start["config"]["attn"] == original["config"]["attn"] == "softmax"
+    diff = max((start["model"][name] - original["model"][name]).abs().max() for name in original["model"])
+    assert report("control at step 0 vs the teacher", diff) == 0
+    run("train_lm.py", "--resume", "--out_dir", control, cwd=tmp_path)
+    results = json.loads(open(os.path.join(control, "results.json")).read())
+    assert results["attn"] == "softmax+pretrain" and results["k"] is None
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -254,12 +266,12 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     with open(os.path.join(results, "study.md")) as f:
         text = f.read()
     print(text)
-    # the made-up numbers are built so that every claim holds; the 75% hybrid closes
-    # (106.75 - 98.75) / (106.75 - 95.625) = 72% of the gap (test perplexities, means over the two seeds)
+    # the made-up numbers are built so that every claim holds; the 75% hybrid closes (106.75 - 98.75) /
+    # (106.75 - 96.125) = 75% of the gap to the softmax control (test perplexities, means over the two seeds)
     assert "**no**" not in text and "within noise" not in text and "n/a" not in text
-    assert "72% of the gap closed" in text
+    assert "75% of the gap closed" in text and "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
     claims = text.split("### The paper's claims and ours")[1].split("\n\n")[1].splitlines()[2:]
-    assert len(claims) == 15 and all(line.endswith("| yes |") for line in claims), claims  # 4 LM, 7 Figs. 4-6, 4 MT
+    assert len(claims) == 16 and all(line.endswith("| yes |") for line in claims), claims  # 5 LM, 7 Figs. 4-6, 4 MT
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
 
 
@@ -286,11 +298,11 @@ def test_lm_claims_say_no_within_noise_and_not_applicable():
         [lm_row("elu", "pretrained", 102.5 + s, s) for s in (0, 3)] + [lm_row("rfa", "pretrained", 140.0 + s, s) for s in (0, 3)]
     held = [c[3] for c in study.lm_claims(close)]
     assert held[0] == "within noise"
-    assert held[3] == "n/a", "T2R (101.5) is ahead of softmax (120): there is no gap to close"
+    assert held[3:5] == ["**no**", "n/a"], "T2R (101.5) is ahead of softmax (120): there is no gap to close"
     worse = base + [lm_row("t2r", "pretrained", 135.0)] + [lm_row("elu", "pretrained", 125.0)] + \
         [lm_row("rfa", "pretrained", 126.0)]
     held = [c[3] for c in study.lm_claims(worse)]
-    assert held[:4] == ["**no**", "**no**", "**no**", "yes"], held  # 75% hybrid: (135 - 115) / (135 - 120) > 0.5
+    assert held == ["**no**", "**no**", "**no**", "yes", "yes"], held  # 75% hybrid: (135 - 115) / (135 - 120) > 0.5
 
 
 def test_feature_claims_say_no():

@@ -66,7 +66,7 @@ def get_args(argv=None):
     g.add_argument("--d_ff", type=int, default=None, help="feed-forward width (default 4 * d_model)")
     g.add_argument("--dropout", type=float, default=0.3, help="dropout on embeddings, sublayers and the feed-forward layer")
     g.add_argument("--layer_dropout", type=float, default=0.0, help="LayerDrop: probability of skipping a layer in training")
-    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained)")
+    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged, a control)")
     g.add_argument("--feature_size", type=int, default=32, help="k, the feature size of t2r and rfa (elu has k = d)")
     g.add_argument("--keep_softmax_every", type=int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
     g.add_argument("--chunk_size", type=int, default=64, help="chunk length of the causal linear attention (0: quadratic form)")
@@ -134,8 +134,6 @@ def resolve_defaults(args, parser):
             if key not in args.explicit:
                 setattr(args, key, value)
     args.attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
-    if args.init == "pretrained" and args.attn == "softmax":
-        parser.error("--init pretrained converts a softmax model: choose --attn t2r, elu or rfa")
     schedule = SCHEDULES[args.init]
     if args.max_steps is None:
         args.max_steps = schedule["max_steps"]
@@ -252,6 +250,9 @@ def build_model(args, vocab_size: int):
         # finetuning's regularisation and chunking are flags; the student is built from this config
         teacher.config.dropout, teacher.config.layer_dropout = args.dropout, args.layer_dropout
         teacher.config.chunk_size = args.chunk_size
+        if args.attn == "softmax":  # a control: the teacher trained on for the finetuning budget, no swap
+            print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
+            return teacher
         model = convert(teacher, args.attn, args.feature_size, args.keep_softmax_every)
         print(f"converted {args.pretrained} to {args.attn} (k={feature_size(model)}, "
               f"keep_softmax_every={args.keep_softmax_every}); new parameters: feature maps only")
