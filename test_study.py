@@ -89,17 +89,23 @@ def test_last_query_attention_reproduces_each_layers_output(kind):
 # -----------------------------------------------------------------------------
 # analyze_attention.py as a user runs it
 
-def test_analyze_attention_end_to_end(tmp_path):
-    corpus = write_corpus(str(tmp_path / "corpus"))
-    common = ["--dataset", corpus, "--cache_dir", str(tmp_path / "cache")]
-    teacher_dir, student_dir = str(tmp_path / "teacher"), str(tmp_path / "student")
-    run("train_lm.py", *TINY, *common, "--max_steps", "4", "--out_dir", teacher_dir, cwd=tmp_path)
-    run("train_lm.py", *TINY, *common, "--max_steps", "2", "--init", "pretrained", "--pretrained",
-        os.path.join(teacher_dir, "ckpt.pt"), "--out_dir", student_dir, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def tiny_teacher(tmp_path_factory):
+    """A softmax teacher trained for 4 steps on a toy corpus: (folder, data flags, its ckpt.pt)."""
+    tmp = tmp_path_factory.mktemp("study")
+    common = ["--dataset", write_corpus(str(tmp / "corpus")), "--cache_dir", str(tmp / "cache")]
+    run("train_lm.py", *TINY, *common, "--max_steps", "4", "--out_dir", str(tmp / "teacher"), cwd=tmp)
+    return tmp, common, str(tmp / "teacher" / "ckpt.pt")
+
+
+def test_analyze_attention_end_to_end(tiny_teacher, tmp_path):
+    _, common, teacher = tiny_teacher
+    student_dir = str(tmp_path / "student")
+    run("train_lm.py", *TINY, *common, "--max_steps", "2", "--init", "pretrained", "--pretrained", teacher,
+        "--out_dir", student_dir, cwd=tmp_path)
     table = str(tmp_path / "attention.csv")
-    result = run("analyze_attention.py", os.path.join(student_dir, "ckpt.pt"), "--teacher",
-                 os.path.join(teacher_dir, "ckpt.pt"), "--before", "4", "8", "--windows", "3", "--context", "32",
-                 "--csv", table, cwd=tmp_path)
+    result = run("analyze_attention.py", os.path.join(student_dir, "ckpt.pt"), "--teacher", teacher,
+                 "--before", "4", "8", "--windows", "3", "--context", "32", "--csv", table, cwd=tmp_path)
     print(result.stdout[-600:])
     with open(table) as f:
         rows = list(csv.DictReader(f))
@@ -108,32 +114,27 @@ def test_analyze_attention_end_to_end(tmp_path):
     assert rows[0]["distance"] == "" and all(float(r["distance"]) > 0 for r in rows[1:])
     assert all(0 < float(r["entropy"]) <= math.log(32) + 1e-9 for r in rows)
     assert all(r["windows"] == "3" for r in rows)
-    # the same --seed gives the same "before" model in another invocation
-    again = run("analyze_attention.py", "--teacher", os.path.join(teacher_dir, "ckpt.pt"), "--before", "4",
-                "--windows", "3", "--context", "32", cwd=tmp_path).stdout
-    first_line = [line for line in result.stdout.splitlines() if "k=4" in line][0]
-    assert first_line in again
 
 
-def test_before_finetuning_is_the_finetuning_runs_starting_point(tmp_path):
+def test_before_finetuning_is_the_finetuning_runs_starting_point(tiny_teacher, tmp_path):
     """--before K --seed S builds exactly the model train_lm.py --init pretrained --seed S starts from: a run
     stopped at step 0 saves that model untouched."""
-    corpus = write_corpus(str(tmp_path / "corpus"))
-    common = ["--dataset", corpus, "--cache_dir", str(tmp_path / "cache")]
-    teacher = str(tmp_path / "teacher" / "ckpt.pt")
-    run("train_lm.py", *TINY, *common, "--max_steps", "2", "--out_dir", os.path.dirname(teacher), cwd=tmp_path)
-    for seed in (0, 7):
-        start_dir = str(tmp_path / f"start{seed}")
-        run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--feature_size", "8",
-            "--seed", str(seed), "--stop_at", "0", "--out_dir", start_dir, cwd=tmp_path)
-        saved = torch.load(os.path.join(start_dir, "ckpt.pt"), weights_only=True)["model"]
-        rebuilt = analyze_attention.starting_point(torch.load(teacher, weights_only=True), teacher, 8, seed).state_dict()
-        assert set(saved) == set(rebuilt)
-        diff = max((saved[name] - rebuilt[name]).abs().max() for name in saved)
-        assert report(f"seed {seed}: --before vs the run's step-0 checkpoint", diff) == 0
+    _, common, teacher = tiny_teacher
+    start_dir = str(tmp_path / "start")
+    run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--feature_size", "8",
+        "--seed", "7", "--stop_at", "0", "--out_dir", start_dir, cwd=tmp_path)
+    saved = torch.load(os.path.join(start_dir, "ckpt.pt"), weights_only=True)["model"]
+    rebuilt = analyze_attention.starting_point(torch.load(teacher, weights_only=True), teacher, 8, 7).state_dict()
+    assert set(saved) == set(rebuilt)
+    diff = max((saved[name] - rebuilt[name]).abs().max() for name in saved)
+    assert report("seed 7: --before vs the run's step-0 checkpoint", diff) == 0
     other = analyze_attention.starting_point(torch.load(teacher, weights_only=True), teacher, 8, 1).state_dict()
     assert (other["layers.0.self_attn.feature_map.weight"] != rebuilt["layers.0.self_attn.feature_map.weight"]).any()
-    # the study's control: --init pretrained --attn softmax trains the teacher on, unchanged (no swap)
+
+
+def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path):
+    """The study's control: --init pretrained --attn softmax starts from the teacher itself (no swap)."""
+    _, common, teacher = tiny_teacher
     control = str(tmp_path / "control")
     run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--attn", "softmax",
         "--max_steps", "2", "--stop_at", "0", "--out_dir", control, cwd=tmp_path)
