@@ -634,7 +634,12 @@ def write_results(out: str, results_dir: str, lm_plan: list, mt_plan: list):
         m = read_json(path) if os.path.isfile(path) else {}
         where = (f"{m['device']}, {m['threads']} threads, torch {m['torch']}, {m['date']}" if m else "not recorded")
         machines.setdefault(where, []).append(run.name if run.script == "train_lm.py" else f"mt/{run.name}")
-    lines = ["<!-- written by experiments/study.py from the CSVs beside it; do not edit -->",
+    done, total = len(finished(lm_plan)) + len(finished(mt_plan)), len(lm_plan) + len(mt_plan)
+    attention_done = os.path.isfile(os.path.join(out, "attention", "raw.csv"))
+    banner = [] if done == total and attention_done else [
+        f"**Partial: {done} of {total} runs finished{'' if attention_done else ', attention analysis not run'}. "
+        f"Missing rows are runs not yet made; a verdict can change when they are.**", ""]
+    lines = ["<!-- written by experiments/study.py from the CSVs beside it; do not edit -->", *banner,
              "### Language modelling (Table 1, PTB)", "", *lm_table(lm), "",
              "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only.", "",
              "### Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(fs, att), "",
