@@ -20,8 +20,6 @@ and left out of the entropy. RFA's weights can be negative (sin/cos features); i
 positive part, renormalised.
 """
 
-import argparse
-import csv
 import os
 
 import numpy as np
@@ -29,7 +27,7 @@ import torch
 
 import data
 from t2r import convert
-from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main
+from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main, write_csv
 
 
 # -----------------------------------------------------------------------------
@@ -197,14 +195,6 @@ def analyse(args) -> list[dict]:
         print(f"{name}: {attn} k={k or '-'} | distance {dist_text} | entropy {entropy:.4f} | "
               f"empty rows {100 * empty:.1f}%", flush=True)
     return rows
-
-
-def write_csv(path: str, rows: list[dict]):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
 
 
 def main():

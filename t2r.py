@@ -177,14 +177,20 @@ def normalize(numerator, denominator):
     return numerator / denominator.abs().clamp_min(EPS).unsqueeze(-1)
 
 
-def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
-    """The readable reference: form the (T, S) similarity matrix of Eq. 4 and mask it."""
+def masked_similarity(fq, fk, causal: bool, key_mask=None):
+    """The (T, S) similarity matrix of Eq. 4, zero where a query may not look."""
     sim = fq @ fk.transpose(-1, -2)  # (B, H, T, S), sim~(q_i, k_j) = phi(q_i) . phi(k_j)  (Eq. 3a)
     if causal:
         T, S = sim.shape[-2:]
         sim = sim * torch.ones(T, S, dtype=torch.bool, device=sim.device).tril()
     if key_mask is not None:  # (B, S), True at real (not padded) source positions
         sim = sim * key_mask[:, None, None, :]
+    return sim
+
+
+def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
+    """The readable reference: form the similarity matrix and normalise it, O(T S) time and memory."""
+    sim = masked_similarity(fq, fk, causal, key_mask)
     # Eq. 4, first line: out_i = sum_j sim~(q_i, k_j) v_j / sum_l sim~(q_i, k_l)
     return normalize(sim @ v, sim.sum(-1))
 
@@ -355,8 +361,7 @@ class LinearAttention(Attention):
         (float32), for the analysis of section 4. The forms above never build it."""
         fq, fk, _ = self.features(x, x)
         with full_precision(x.device):
-            T = x.shape[1]
-            sim = (fq @ fk.transpose(-1, -2)) * torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            sim = masked_similarity(fq, fk, causal=True)  # (B, H, T, T)
             return normalize(sim, sim.sum(-1))  # the same epsilon rule as every form
 
     # Recurrent form: S (k x d) and z (k) per head, the same size at every position.

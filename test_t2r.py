@@ -337,22 +337,23 @@ def test_reorder_state_moves_the_right_rows(kind):
 # -----------------------------------------------------------------------------
 # Numerics
 
-@pytest.mark.parametrize("all_zero_query", [False, True])
-def test_bf16_autocast_long_recurrence_stays_finite(all_zero_query):
+# The all-zero case tests the normaliser, not the length: a shorter run shows it as well and keeps the suite fast.
+@pytest.mark.parametrize("all_zero_query, steps", [(False, 4096), (True, 512)])
+def test_bf16_autocast_long_recurrence_stays_finite(all_zero_query, steps):
     model = make(TransformerLM, lm_config("t2r", n_layer=1), torch.float32)
     if all_zero_query:  # relu(W x + b) = 0 for every query and key: the normaliser is 0
         model.layers[0].self_attn.feature_map.bias.data.fill_(-1e4)
     state = model.init_state(1)
-    tokens = torch.randint(0, 37, (4096,), generator=torch.Generator().manual_seed(10))
+    tokens = torch.randint(0, 37, (steps,), generator=torch.Generator().manual_seed(10))
     worst = 0.0
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        for t in range(4096):
+        for t in range(steps):
             logits, state = model.step(tokens[t : t + 1], state)
             assert torch.isfinite(logits).all(), f"non-finite logits at step {t}"
             worst = max(worst, logits.abs().max().item())
     S = state["layers"][0]["self"]["S"]
     assert S.dtype == torch.float32 and state["layers"][0]["self"]["z"].dtype == torch.float32
-    print(f"bf16 4096 steps (all-zero phi: {all_zero_query}): max |logit| {worst:.2f}, state {S.dtype}")
+    print(f"bf16 {steps} steps (all-zero phi: {all_zero_query}): max |logit| {worst:.2f}, state {S.dtype}")
 
 
 @pytest.mark.parametrize("form", ["quadratic", "chunked", "noncausal", "step"])

@@ -3,6 +3,7 @@ learning-rate schedule, distributed setup and checkpoints that resume exactly.""
 
 import argparse
 import copy
+import csv
 import json
 import math
 import os
@@ -223,6 +224,16 @@ def save_checkpoint(path: str, checkpoint: dict):
     tmp = f"{path}.tmp"
     torch.save(checkpoint, tmp)
     os.replace(tmp, path)
+
+
+def write_csv(path: str, rows: list[dict], columns: list[str] | None = None):
+    """A results table, written like a checkpoint (temporary file, then rename); None becomes an empty cell."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(f"{path}.tmp", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    os.replace(f"{path}.tmp", path)
 
 
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
