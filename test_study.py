@@ -286,6 +286,15 @@ def test_a_claim_that_does_not_hold_says_no():
     assert "| **no** |" in "\n".join(study.claims_table(study.mt_claims(mt)))
 
 
+def test_speed_claim_is_within_noise_when_the_passes_overlap():
+    mt = [dict(model="softmax", init="random", bleu=20.0, tokens_per_s=700.0, speed_low=650.0, speed_high=760.0),
+          dict(model="t2r", init="pretrained", bleu=19.5, tokens_per_s=740.0, speed_low=720.0, speed_high=790.0),
+          dict(model="elu", init="pretrained", bleu=19.0, tokens_per_s=600.0, speed_low=590.0, speed_high=610.0)]
+    assert study.mt_claims(mt)[-1][3] == "within noise"
+    mt[0].update(speed_high=710.0)  # now every T2R pass beats every softmax and ELU pass
+    assert study.mt_claims(mt)[-1][3] == "yes"
+
+
 def lm_row(model, init, test, seed=0, k=32, minutes=1.0):
     k = None if model == "softmax" else (64 if model == "elu" else k)
     return dict(model=model, init=init, k=k, seed=seed, valid_ppl=test + 5, test_ppl=test, train_minutes=minutes)

@@ -111,6 +111,7 @@ MT_SIZES = dict(full=dict(model=["--n_layer", "3", "--n_encoder_layer", "3", "--
 # compare models with, hence twice the steps at twice the rate.
 MT_LR = dict(pretrain=2e-3, finetune=8e-4)
 SPEED_BATCH = 16  # Fig. 2: greedy decoding, batch 16
+SPEED_PASSES = 3  # over the whole test set; tokens/s is their median, their range the noise
 
 
 def mt_runs(out: str, size: dict) -> list:
@@ -145,9 +146,14 @@ def measure_speed(runs: list, dry_run: bool):
         corpus = train_mt.load_corpus(args)
         sentences = [s for s, _ in corpus["test"][: args.bleu_sentences or None]]
         model = train_mt.inference_model(model.to(device))
-        speed = train_mt.greedy_speed(model, tokenizer, sentences, device, SPEED_BATCH, args.max_len_a, args.max_len_b)
-        write_json(path, {**speed, **machine()})
-        print(f"    {speed['tokens_per_s']:.0f} tokens/s ({speed['tokens']} tokens in {speed['seconds']:.1f} s)", flush=True)
+        # the median of a few passes: one pass of ~15 s on a CPU varies by several percent
+        passes = [train_mt.greedy_speed(model, tokenizer, sentences, device, SPEED_BATCH, args.max_len_a,
+                                        args.max_len_b) for _ in range(SPEED_PASSES)]
+        speed = sorted(passes, key=lambda p: p["tokens_per_s"])[len(passes) // 2]
+        repeats = [p["tokens_per_s"] for p in passes]
+        write_json(path, {**speed, "tokens_per_s_passes": repeats, **machine()})
+        print(f"    {speed['tokens_per_s']:.0f} tokens/s, the median of {', '.join(f'{r:.0f}' for r in repeats)} "
+              f"({speed['tokens']} tokens in {speed['seconds']:.1f} s)", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -292,9 +298,11 @@ def mt_rows(runs: list) -> list:
         out_dir = out_dir_of(run)
         r = read_json(os.path.join(out_dir, "results.json"))
         speed_path = os.path.join(out_dir, "speed.json")
-        speed = read_json(speed_path)["tokens_per_s"] if os.path.isfile(speed_path) else None
+        speed = read_json(speed_path) if os.path.isfile(speed_path) else {}
+        passes = speed.get("tokens_per_s_passes", [speed["tokens_per_s"]] if speed else [])
         rows.append({**run.row, "k_cross": r.get("k_cross"), "k_causal": r.get("k_causal"), "bleu": r["test"]["bleu"],
-                     "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"], "tokens_per_s": speed,
+                     "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"], "tokens_per_s": speed.get("tokens_per_s"),
+                     "speed_low": min(passes, default=None), "speed_high": max(passes, default=None),
                      "train_minutes": r["train_minutes"]})
     return rows
 
@@ -322,7 +330,8 @@ def attention_rows(out: str, runs: list, lm: list) -> list:
                 raise UserError(f"{raw} names {row['model']}, which is not a run of this study (moved?): delete "
                                 f"{raw} and rerun --stage attention")
             rows.append(entry)
-    return rows
+    order = ["teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"]
+    return sorted(rows, key=lambda r: (order.index(r["stage"]), r["k"] or 0))
 
 
 def half_range(values: list) -> float:
@@ -496,12 +505,15 @@ def mt_claims(mt: list) -> list:
         claims.append(("ELU + pretrain is comparable to T2R + pretrain (within 1 BLEU)", "28.4 vs 28.7",
                        f"{elu['bleu']:.2f} vs {t2r['bleu']:.2f}", verdict(abs(elu["bleu"] - t2r["bleu"]) <= COMPARABLE_BLEU)))
     if t2r and elu and soft and None not in (t2r["tokens_per_s"], elu["tokens_per_s"], soft["tokens_per_s"]):
+        faster = t2r["tokens_per_s"] > elu["tokens_per_s"] and t2r["tokens_per_s"] > soft["tokens_per_s"]
+        # the slowest T2R pass against the fastest of each other model: does the ordering survive the noise?
+        low, high = lambda r: r.get("speed_low") or r["tokens_per_s"], lambda r: r.get("speed_high") or r["tokens_per_s"]
+        clear = low(t2r) > max(high(elu), high(soft))
         claims.append(("T2R decodes faster than ELU (smaller k) and than the transformer: greedy, batch 16, on the "
                        "test sentences (short: the paper's gap over softmax grows with length, Fig. 2)",
                        "15%+ over ELU; over softmax from short lengths on",
                        f"{t2r['tokens_per_s']:.0f} vs {elu['tokens_per_s']:.0f} (ELU) and {soft['tokens_per_s']:.0f} "
-                       f"(softmax) tokens/s", verdict(t2r["tokens_per_s"] > elu["tokens_per_s"]
-                                                      and t2r["tokens_per_s"] > soft["tokens_per_s"])))
+                       f"(softmax) tokens/s, medians of {SPEED_PASSES} passes", "**no**" if not faster else ("yes" if clear else "within noise")))
     return claims
 
 
@@ -598,12 +610,14 @@ def teacher_entropy(att: list) -> list:
 
 
 def mt_table(mt: list) -> list:
-    lines = ["| model | k cross | k causal | test BLEU | valid BLEU | test tok. BLEU | greedy tokens/s (batch 16) | "
+    lines = ["| model | k cross | k causal | test BLEU | valid BLEU | test tok. BLEU | greedy tokens/s, batch 16 (range) | "
              "train minutes | paper BLEU (WMT14 EN-DE) |", "|---|---|---|---|---|---|---|---|---|"]
     for model, init in (("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained")):
         for r in group(mt, model=model, init=init):
             name = NAMES[model] + ("" if model == "softmax" else (" + pretrain" if init == "pretrained" else " + random init"))
             speed = "-" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.0f}"
+            if r.get("speed_low") is not None and r["speed_low"] != r["speed_high"]:
+                speed += f" ({r['speed_low']:.0f}-{r['speed_high']:.0f})"
             lines.append(f"| {name} | {r['k_cross'] or '-'} | {r['k_causal'] or '-'} | {r['bleu']:.2f} | {r['valid_bleu']:.2f} | "
                          f"{r['tok_bleu']:.2f} | {speed} | {r['train_minutes']:.1f} | {PAPER_MT[(model, init)]} |")
     return lines
