@@ -58,7 +58,8 @@ Outputs in --out_dir (default results/bench):
 Duration of the default run on an idle 2-core CPU (torch 2.13), extrapolated from partial runs up to 2048 tokens:
 about 30-45 minutes: gen ~10 (softmax_kv at batch 16 ~3, softmax_recompute ~1.5, each RNN ~0.5), s2s ~15-25
 (softmax_kv alone ~10-20: at 8192 tokens its self and cross caches are 1.5 GiB read at every step, and encoding
-8192 x 16 source tokens takes ~40 s per model), train ~2, memory ~0.1. --quick: 30-40 s. Fewer minutes:
+8192 x 16 source tokens takes ~40 s per model), train ~2, memory ~0.1. --quick: 46 s with --threads 1 on a
+2-core AMD EPYC (the test's setting). Fewer minutes:
 --s2s_lengths 128,256,512,1024,2048,4096 or --models.
 """
 
@@ -89,8 +90,8 @@ LM_MODELS = ["softmax_kv", "softmax_recompute", "t2r32", "t2r32_unfolded", "t2r4
 S2S_MODELS = ["softmax_kv", "t2r32-4", "t2r32-4_unfolded", "elu", "rfa32-4"]
 TRAIN_MODELS = ["softmax_sdpa", "softmax_math", "t2r_quadratic", "t2r_chunked"]
 SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm")
-QUICK = dict(lengths="64,128", batch_sizes="1,16", s2s_lengths="64,128", recompute_max=64,
-             memory_length=1024, train_lengths="128,256", quadratic_max=256, repeats=2)
+QUICK = dict(lengths="32,64", batch_sizes="1,16", s2s_lengths="32,64", recompute_max=32,
+             memory_length=1024, train_lengths="64,128", quadratic_max=128, repeats=2)
 
 
 def int_list(text: str) -> list:

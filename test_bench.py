@@ -1,7 +1,7 @@
 """
 bench.py runs end to end (--quick) and writes what its docstring promises; its helpers are right.
 
-    python -m pytest -q test_bench.py        # about 40 s or more on a 2-core CPU, depending on the machine
+    python -m pytest -q test_bench.py        # about 50 s on a 2-core CPU, more on a slower machine
 """
 
 import csv
