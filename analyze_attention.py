@@ -27,7 +27,8 @@ import torch
 
 import data
 from t2r import convert
-from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main, write_csv
+from training import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main,
+                      write_csv)
 
 
 # -----------------------------------------------------------------------------
