@@ -179,7 +179,7 @@ def download_wikitext103(data_dir: str | Path = WIKITEXT103_DIR, mirrors: tuple[
         failures = []
         for url in mirrors:
             try:
-                with _atomic(archive) as tmp:  # only a complete, verified archive gets the real name
+                with atomic_write(archive) as tmp:  # only a complete, verified archive gets the real name
                     (fetch or fetch_url)(url, tmp)
                     _verify(Path(tmp), sha256, f"{url} sent a file with the wrong checksum")
                 break
@@ -209,7 +209,7 @@ def _extract(archive: Path, folder: Path, by_hand: str) -> None:
                 member = next((n for n in z.namelist() if n.endswith(f"wiki.{split}.tokens")), None)
                 if member is None:
                     raise DataError(f"{archive} has no wiki.{split}.tokens: delete it, or {by_hand}")
-                with _atomic(folder / f"wiki.{split}.tokens") as tmp, z.open(member) as src, open(tmp, "wb") as dst:
+                with atomic_write(folder / f"wiki.{split}.tokens") as tmp, z.open(member) as src, open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)  # reading checks the member's CRC
     except (zipfile.BadZipFile, EOFError) as error:
         raise DataError(f"{archive} is corrupt ({error}): delete it, or {by_hand}") from None
@@ -358,24 +358,30 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
             "tokens": {}, "words": {}}
     for split in SPLITS:
         n_tokens = n_words = 0
-        with _atomic(folder / f"{split}.bin") as tmp, open(tmp, "wb") as f:
+        with atomic_write(folder / f"{split}.bin") as tmp, open(tmp, "wb") as f:
             for piece in _chunks(sources[split], desc=f"encoding {split}"):
                 ids, words = _encode(piece, kind, tokenizer, vocab)
                 np.asarray(ids, dtype=dtype).tofile(f)
                 n_tokens, n_words = n_tokens + len(ids), n_words + words
         meta["tokens"][split], meta["words"][split] = n_tokens, n_words
-    with _atomic(folder / "tokenizer.json") as tmp:
+    with atomic_write(folder / "tokenizer.json") as tmp:
         tokenizer.save(tmp)
     meta["tokenizer_sha1"] = hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest()
-    with _atomic(folder / "meta.json") as tmp:
+    with atomic_write(folder / "meta.json") as tmp:
         Path(tmp).write_text(json.dumps(meta, indent=1))
 
 
 @contextlib.contextmanager
-def _atomic(path: Path) -> Iterator[str]:
-    """A temporary name to write, renamed over path once complete: an interrupted run never leaves a
-    half-written file under the real name (a crash leaves only a *.tmp, which nothing reads)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+def atomic_write(path: str | Path) -> Iterator[str]:
+    """The one way this project writes a file: yield a temporary name to write, then rename it over path
+    once complete. An interrupted write never leaves a half-written file under the real name, and a
+    failed one leaves nothing (the temporary file is removed). Used for checkpoints, tables and caches.
+
+        with atomic_write("results.json") as tmp:
+            Path(tmp).write_text(text)
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # the pid: two processes never write the same temporary file
     try:
         yield tmp
         os.replace(tmp, path)

@@ -597,6 +597,16 @@ def state_bytes(state) -> int:
     return 0
 
 
+def feature_sizes(config: Config) -> tuple:
+    """(k of the converted causal attention, k of the cross attention) as the tables report them, None where
+    the attention is softmax (a translator's cross attention; a language model has none). elu has k = d."""
+    def k(kinds, size):
+        kinds = set(kinds) - {"softmax"}
+        return None if not kinds else config.d_model // config.n_head if kinds == {"elu"} else size
+    cross = k([config.cross_attn], config.cross_feature_size) if config.n_encoder_layer else None
+    return k(config.layer_kinds(), config.feature_size), cross
+
+
 def build_model(config: Config | dict) -> TransformerBase:
     """The model a config describes: a translator when it has an encoder, else a language model."""
     config = Config(**config) if isinstance(config, dict) else config

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from data import atomic_write
 from t2r import Config, build_model
 
 
@@ -219,21 +220,22 @@ def gather_rng(state: dict, ddp: Distributed) -> list:
 
 
 def save_checkpoint(path: str, checkpoint: dict):
-    """Write to a temporary file, then rename: an interrupted save never leaves a half checkpoint."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp"
-    torch.save(checkpoint, tmp)
-    os.replace(tmp, path)
+    """An interrupted save never leaves a half checkpoint (data.atomic_write)."""
+    with atomic_write(path) as tmp:
+        torch.save(checkpoint, tmp)
+
+
+def write_json(path: str, values: dict):
+    with atomic_write(path) as tmp, open(tmp, "w") as f:
+        json.dump(values, f, indent=1)
 
 
 def write_csv(path: str, rows: list[dict], columns: list[str] | None = None):
-    """A results table, written like a checkpoint (temporary file, then rename); None becomes an empty cell."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(f"{path}.tmp", "w", newline="") as f:
+    """A results table; None becomes an empty cell."""
+    with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
-    os.replace(f"{path}.tmp", path)
 
 
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
