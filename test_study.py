@@ -17,16 +17,11 @@ import torch
 
 import analyze_attention
 from t2r import Config, TransformerLM
-from test_train_lm import TINY, run, write_corpus
+from conftest import TINY, report, run, write_corpus
 from training import UserError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
 import study  # noqa: E402
-
-
-def report(name, diff):
-    print(f"{name}: max |diff| = {float(diff):.3e}")
-    return float(diff)
 
 
 # -----------------------------------------------------------------------------

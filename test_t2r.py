@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import t2r
+from conftest import report
 from t2r import Config, Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -37,12 +38,6 @@ def make(model_class, config, dtype=torch.float64, seed=0):
             if name.endswith("bias"):
                 p.normal_(std=0.1)
     return model.to(dtype).eval()
-
-
-def report(name, diff):
-    diff = float(diff.detach()) if torch.is_tensor(diff) else float(diff)
-    print(f"{name}: max |diff| = {diff:.3e}")
-    return diff
 
 
 def step_all(model, state, tokens):

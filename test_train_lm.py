@@ -6,51 +6,13 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
 
 import json
 import os
-import random
 import subprocess
 import sys
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
-TINY = ["--n_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64", "--block_size", "32",
-        "--batch_size", "4", "--eval_context", "32", "--eval_score", "16", "--eval_interval", "4",
-        "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8", "--chunk_size", "8"]
-
-
-def write_corpus(folder, seed=0, words=40, lines=(600, 60, 60)):
-    rng = random.Random(seed)
-    vocab = [f"w{i}" for i in range(words)]
-    os.makedirs(folder, exist_ok=True)
-    for split, n in zip(("train", "valid", "test"), lines):
-        with open(os.path.join(folder, f"{split}.txt"), "w") as f:
-            for _ in range(n):
-                f.write(" ".join(rng.choice(vocab) for _ in range(rng.randint(3, 12))) + "\n")
-    return folder
-
-
-def run(script, *args, cwd, check=True, extra_env=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    return write_corpus(str(tmp_path / "tiny"))
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.strip().splitlines() if line]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    print(lines[0])
+from conftest import ROOT, TINY, assert_one_line_error, run, write_corpus
 
 
 def test_main_job_end_to_end(tmp_path, corpus):

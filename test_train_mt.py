@@ -19,17 +19,11 @@ import torch
 import mt_data
 import t2r
 import train_mt
-from test_train_lm import assert_one_line_error
+from conftest import ROOT, assert_one_line_error, report
 from mt_data import BOS_ID, EOS_ID, PAD_ID
 from t2r import Config, Seq2SeqTransformer
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 KINDS = ["softmax", "t2r", "elu", "rfa"]
-
-
-def report(name, diff):
-    print(f"{name}: max |diff| = {float(diff):.3e}")
-    return float(diff)
 
 
 # -----------------------------------------------------------------------------
