@@ -1,0 +1,278 @@
+"""
+Translate with a trained translator: batched beam search or greedy decoding on recurrent states, and BLEU.
+
+    echo "Click OK." | python translate.py --ckpt out/mt-libreoffice-en-de-t2r-pretrained/model.pt
+    python translate.py input.en --beam 1 > output.de        # greedy; one line out per line in
+    python translate.py --ckpt out/mt-libreoffice-en-de-softmax-random/model.pt   # the teacher, with a KV cache
+
+T2R, ELU and RFA decoders step with constant-size states (S, z); softmax keeps a KV cache. T2R models are
+folded first (Eq. 8). train_mt.py uses the same functions for its BLEU scores.
+"""
+
+import contextlib
+import os
+import sys
+import time
+
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+import mt_data
+from mt_data import BOS_ID, EOS_ID, PAD_ID
+from t2r import fold, reorder_state
+from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
+
+
+# -----------------------------------------------------------------------------
+# Decoding. Every function takes src (B, S), padded with PAD_ID, and returns token lists without </s>.
+
+def max_lengths(src, max_len_a: float, max_len_b: int) -> torch.Tensor:
+    """(B,) the longest hypothesis of each sentence, </s> included."""
+    return ((src != PAD_ID).sum(1).float() * max_len_a).long() + max_len_b
+
+
+@torch.no_grad()
+def greedy_decode(model, src, max_len_a=1.5, max_len_b=10) -> list:
+    """Argmax decoding with the recurrent form: one step per token; the cross-attention state is
+    computed once per sentence by init_state (the encoder runs once)."""
+    limits = max_lengths(src, max_len_a, max_len_b)
+    state = model.init_state(src)
+    tokens = torch.full((src.shape[0],), BOS_ID, dtype=torch.long, device=src.device)
+    out, done = [], torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    for t in range(int(limits.max())):
+        logits, state = model.step(tokens, state)
+        tokens = never_emit(logits).argmax(-1)
+        tokens = torch.where(t + 1 >= limits, torch.full_like(tokens, EOS_ID), tokens)  # force </s> at the limit
+        tokens = torch.where(done, torch.full_like(tokens, PAD_ID), tokens)
+        out.append(tokens)
+        done |= tokens == EOS_ID
+        if done.all():
+            break
+    return [strip(row) for row in torch.stack(out, 1).tolist()]
+
+
+@torch.no_grad()
+def greedy_decode_recompute(model, src, max_len_a=1.5, max_len_b=10) -> list:
+    """The same decisions by brute force: the whole prefix goes through the parallel form at every step."""
+    limits = max_lengths(src, max_len_a, max_len_b)
+    prefix = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long, device=src.device)
+    done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+    for t in range(int(limits.max())):
+        tokens = never_emit(model(src, prefix)[:, -1]).argmax(-1)
+        tokens = torch.where(t + 1 >= limits, torch.full_like(tokens, EOS_ID), tokens)
+        tokens = torch.where(done, torch.full_like(tokens, PAD_ID), tokens)
+        prefix = torch.cat([prefix, tokens[:, None]], 1)
+        done |= tokens == EOS_ID
+        if done.all():
+            break
+    return [strip(row) for row in prefix[:, 1:].tolist()]
+
+
+def never_emit(logits):
+    """<pad> and <s> are never outputs: the softmax still spreads mass on them, decoding must not pick them."""
+    logits[:, [PAD_ID, BOS_ID]] = float("-inf")
+    return logits
+
+
+def strip(ids: list) -> list:
+    return ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+
+
+@torch.no_grad()
+def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10) -> list:
+    """Batched beam search on recurrent states. Returns per sentence the best finished hypothesis as
+    (tokens, log p(tokens + </s>), log p / (len + 1)^lenpen), the last being what beams are ranked by.
+
+    Each sentence keeps beam_size live hypotheses as rows b * K + j of the state. At each step the 2K best
+    extensions are taken; those ending in </s> among the top K are finished, the first K others live on, and
+    the self-attention states are reordered to follow their parents."""
+    B, K = src.shape[0], beam_size
+    limits = max_lengths(src, max_len_a, max_len_b).tolist()
+    state = model.init_state(src)  # the encoder and the cross-attention states: once per sentence
+    state = reorder_state(state, torch.arange(B, device=src.device).repeat_interleave(K))  # (B * K) rows
+    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=src.device)
+    scores = None  # (B, K) log p of each live hypothesis, in float32 (float64 for a float64 model)
+    finished = [[] for _ in range(B)]
+    for t in range(max(limits)):
+        logits, state = model.step(tokens[:, -1], state)
+        logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # (B * K, V)
+        if scores is None:
+            scores = torch.zeros(B, K, dtype=logp.dtype, device=src.device)
+            scores[:, 1:] = float("-inf")  # all K beams start identical: expand only the first at step 0
+        never_emit(logp)
+        at_limit = torch.tensor([t + 1 >= limit for limit in limits], device=src.device).repeat_interleave(K)
+        logp[at_limit] = torch.where(torch.arange(logp.shape[1], device=src.device) == EOS_ID, logp[at_limit],
+                                     float("-inf"))
+        V = logp.shape[1]
+        candidates = (scores.view(B * K, 1) + logp).view(B, K * V)
+        top_scores, top = candidates.topk(2 * K, dim=1)  # (B, 2K): at most K of them end in </s>
+        top_scores_l, top_l = top_scores.tolist(), top.tolist()
+        parents, next_tokens, next_scores = [], [], []
+        for b in range(B):
+            keep = []
+            for j, (score, flat) in enumerate(zip(top_scores_l[b], top_l[b])):
+                beam, token = divmod(flat, V)
+                if token == EOS_ID:
+                    if j < K and len(finished[b]) < K and score > float("-inf"):
+                        hypothesis = tokens[b * K + beam, 1:].tolist()
+                        finished[b].append((hypothesis, score, score / (len(hypothesis) + 1) ** lenpen))
+                elif len(keep) < K:
+                    keep.append((b * K + beam, token, score))
+            parents += [p for p, _, _ in keep]
+            next_tokens += [tok for _, tok, _ in keep]
+            next_scores += [s if len(finished[b]) < K else float("-inf") for _, _, s in keep]
+        if all(len(f) >= K for f in finished):
+            break
+        index = torch.tensor(parents, device=src.device)
+        # Beams never move between sentences, so the cross-attention states (the same for every beam of a
+        # sentence) stay put; only the causal self-attention states follow their parents.
+        for layer in state["layers"]:
+            layer["self"] = reorder_state(layer["self"], index)
+        tokens = torch.cat([tokens[index], torch.tensor(next_tokens, device=src.device)[:, None]], 1)
+        scores = torch.tensor(next_scores, dtype=logp.dtype, device=src.device).view(B, K)
+    return [max(f, key=lambda h: h[2]) for f in finished]
+
+
+@torch.no_grad()
+def sequence_log_probs(model, src, hypotheses: list) -> list:
+    """log p(hypothesis + </s> | source) of each hypothesis, by one parallel (teacher-forced) pass."""
+    tgt = mt_data.pad([h + [EOS_ID] for h in hypotheses]).to(src.device)
+    tgt_in = torch.cat([torch.full_like(tgt[:, :1], BOS_ID), tgt[:, :-1]], 1)
+    logits = model(src, tgt_in)
+    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)
+    logp = logp.gather(-1, tgt[..., None])[..., 0]
+    return (logp * (tgt != PAD_ID)).sum(1).tolist()
+
+
+def translate_sentences(model, tokenizer, sentences: list, args, device, progress: bool = False) -> list:
+    """Detokenized translations of sentences, in order. Empty lines give empty translations.
+    args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size."""
+    model.eval()
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
+    order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
+    out = [""] * len(sentences)
+    starts = range(0, len(order), args.decode_batch_size)
+    for start in tqdm(starts, desc="translate", disable=not progress, dynamic_ncols=True, mininterval=2):
+        chunk = order[start: start + args.decode_batch_size]
+        src = mt_data.pad([ids[i] for i in chunk]).to(device)
+        if args.beam == 1:
+            hyps = greedy_decode(model, src, args.max_len_a, args.max_len_b)
+        else:
+            hyps = [h[0] for h in beam_search(model, src, args.beam, args.lenpen, args.max_len_a, args.max_len_b)]
+        for i, hyp in zip(chunk, hyps):
+            out[todo[i]] = mt_data.decode(tokenizer, hyp)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# BLEU: detokenized (SacreBLEU, 13a) and tokenized (Moses-tokenized with compound splitting, multi-bleu style,
+# what the paper and Vaswani et al. report for WMT14 EN-DE)
+
+def bleu_scores(hypotheses: list, references: list, lang: str) -> dict:
+    detok = sacrebleu.metrics.BLEU()
+    tokenize = moses_tokenizer(lang)
+    tokenized = sacrebleu.metrics.BLEU(tokenize="none", force=True)
+    return {"bleu": round(detok.corpus_score(hypotheses, [references]).score, 2),
+            "tok_bleu": round(tokenized.corpus_score([tokenize(h) for h in hypotheses],
+                                                     [[tokenize(r) for r in references]]).score, 2),
+            "signature": str(detok.get_signature())}
+
+
+def moses_tokenizer(lang: str):
+    try:
+        from sacremoses import MosesTokenizer
+    except ImportError:
+        raise UserError("tokenized BLEU needs sacremoses: python -m pip install sacremoses") from None
+    moses = MosesTokenizer(lang=lang)
+
+    def tokenize(text: str) -> str:
+        # compound splitting as in tensor2tensor's get_ende_bleu.sh: "Text-Feld" -> "Text ##AT##-##AT## Feld"
+        return " ".join(moses.tokenize(text, escape=False, aggressive_dash_splits=True)).replace(
+            " @-@ ", " ##AT##-##AT## ")
+    return tokenize
+
+
+def evaluate_bleu(model, tokenizer, corpus: dict, args, device, splits=("valid", "test")) -> dict:
+    results = {}
+    for split in splits:
+        pairs = corpus[split][: args.bleu_sentences or None]
+        t0 = time.time()
+        hyps = translate_sentences(model, tokenizer, [s for s, _ in pairs], args, device, progress=True)
+        results[split] = bleu_scores(hyps, [t for _, t in pairs], args.tgt)
+        results[split]["decode_seconds"] = round(time.time() - t0, 1)
+        results[split]["sentences"] = len(pairs)
+        print(f"{split}: BLEU {results[split]['bleu']:.2f} (detokenized, sacrebleu 13a), tokenized BLEU "
+              f"{results[split]['tok_bleu']:.2f}; {len(pairs)} sentences, beam {args.beam}, "
+              f"{results[split]['decode_seconds']:.0f} s")
+    return results
+
+
+# -----------------------------------------------------------------------------
+# Loading a finished translator, and the command line
+
+def has_t2r(model) -> bool:
+    return "t2r" in set(model.config.layer_kinds()) | {model.config.cross_attn}
+
+
+def inference_model(model):
+    """T2R is folded for decoding (Eq. 8): the feature map merges into W_q and W_k; the outputs are the same."""
+    return fold(model) if has_t2r(model) else model.eval()
+
+
+def load_translator(path: str):
+    """model.pt of a finished train_mt.py run: the model, its tokenizer and the checkpoint."""
+    if not os.path.isfile(path):
+        raise UserError(f"no finished translator at {path}: finish training first "
+                        f"(python train_mt.py --resume --out_dir {os.path.dirname(path) or '.'})")
+    checkpoint = load_checkpoint(path, "translator")
+    if "tokenizer" not in checkpoint or not checkpoint["config"].get("n_encoder_layer"):
+        raise UserError(f"{path} is not a translator checkpoint (no tokenizer or encoder in it)")
+    try:
+        tokenizer = mt_data.load_tokenizer(checkpoint["tokenizer"])
+    except Exception as error:  # DataError (no specials), or JSON the tokenizers library rejects
+        raise UserError(f"{path} holds an unreadable tokenizer ({error}): retrain it") from None
+    return model_from_checkpoint(checkpoint, path), tokenizer, checkpoint
+
+
+def get_args(argv=None):
+    p = Parser(prog="translate.py", description="Translate text with a model.pt written by train_mt.py.")
+    p.add_argument("input", nargs="?", default="-", help="file to translate, one sentence per line (- or none: stdin)")
+    p.add_argument("--ckpt", default="out/mt-libreoffice-en-de-t2r-pretrained/model.pt", help="model.pt of train_mt.py")
+    p.add_argument("--beam", type=int, default=5, help="beam size (1: greedy decoding)")
+    p.add_argument("--lenpen", type=float, default=0.6, help="length penalty: hypotheses are ranked by log p / length^lenpen")
+    p.add_argument("--max_len_a", type=float, default=1.5, help="a hypothesis has at most a * source length + b tokens")
+    p.add_argument("--max_len_b", type=int, default=10, help="see --max_len_a")
+    p.add_argument("--decode_batch_size", type=int, default=64, help="sentences decoded together")
+    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    args = p.parse_args(argv)
+    if args.beam < 1 or args.decode_batch_size < 1:
+        p.error("--beam and --decode_batch_size must be at least 1")
+    return args
+
+
+def read_lines(path: str) -> list:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: no such file (use - for stdin)")
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def main():
+    """Translations on stdout, one line per input line, and nothing else there (so `> out.txt` is clean)."""
+    args = get_args()
+    model, tokenizer, _ = load_translator(args.ckpt)
+    lines = read_lines(args.input)
+    with contextlib.redirect_stdout(sys.stderr):
+        device = get_device(args.device)
+    model = inference_model(model.to(device))
+    for line in translate_sentences(model, tokenizer, lines, args, device, progress=len(lines) > 100):
+        print(line)
+
+
+if __name__ == "__main__":
+    run_main(main)
