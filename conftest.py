@@ -30,6 +30,16 @@ def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     return result
 
 
+def run_two_processes(script, *args, cwd):
+    """torchrun --nproc_per_node 2 <script> <args> on the CPU (gloo); raises with its output if it fails."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    print(result.stdout[-800:])
+    return result
+
+
 def assert_one_line_error(result, *fragments):
     """Exit status 2 and exactly one line on stderr, starting with 'error: ' and containing each fragment."""
     assert result.returncode == 2, result.stderr
@@ -62,3 +72,53 @@ def write_corpus(folder, seed=0, words=40, lines=(600, 60, 60)):
 @pytest.fixture
 def corpus(tmp_path):
     return write_corpus(str(tmp_path / "tiny"))
+
+
+# -----------------------------------------------------------------------------
+# Translation: a toy parallel corpus, a tiny translator, and one trained by the main job
+
+# A translator small enough to train a few steps in a second (train_mt.py flags).
+MT_TINY = ["--n_layer", "2", "--n_encoder_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64",
+           "--vocab_size", "300", "--max_tokens", "256", "--max_len", "40", "--eval_interval", "5",
+           "--snapshot_interval", "2", "--average_last", "3", "--log_interval", "5", "--beam", "3",
+           "--decode_batch_size", "16", "--cross_feature_size", "8", "--chunk_size", "4"]
+
+
+def write_parallel(folder, seed=0, n=(400, 30, 30)):
+    """A toy translation task: each source word maps to a fixed target word, in reverse order."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(30)]
+    os.makedirs(folder, exist_ok=True)
+    for split, count in zip(("train", "valid", "test"), n):
+        src_lines, tgt_lines = [], []
+        for _ in range(count):
+            sentence = [rng.choice(words) for _ in range(rng.randint(2, 8))]
+            src_lines.append(" ".join(sentence))
+            tgt_lines.append(" ".join("z" + w[1:] for w in reversed(sentence)))
+        for lang, lines in (("en", src_lines), ("de", tgt_lines)):
+            with open(os.path.join(folder, f"{split}.{lang}"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+    return folder
+
+
+def tiny_translator(kind, seed=0, dtype=torch.float64):
+    """A random 2+2-layer translator with peaky, varied predictions (so decoding choices matter)."""
+    from t2r import Config, Seq2SeqTransformer
+    torch.manual_seed(seed)
+    config = Config(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
+                    attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=0)
+    model = Seq2SeqTransformer(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(torch.randn_like(p) * (0.5 if name.endswith("weight") else 0.2))
+    return model.to(dtype).eval()
+
+
+@pytest.fixture(scope="session")
+def trained_translator(tmp_path_factory):
+    """The main job on a toy corpus: train the softmax translator, convert, finetune, BLEU (under a minute).
+    Returns (folder, corpus, the run's stdout)."""
+    tmp = tmp_path_factory.mktemp("mt")
+    corpus = write_parallel(str(tmp / "toy"))
+    out = run("train_mt.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "10", *MT_TINY, cwd=tmp)
+    return tmp, corpus, out

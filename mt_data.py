@@ -28,6 +28,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import data
 from data import DataError
+from runtime import atomic_write
 
 SPLITS = ("train", "valid", "test")
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
@@ -193,7 +194,7 @@ def multi30k_corpus(data_dir: Path, src_lang: str, tgt_lang: str, fetch: Callabl
             if not path.is_file():
                 url = MULTI30K_URL.format(name=name, lang=lang)
                 try:
-                    with data.atomic_write(path) as tmp:
+                    with atomic_write(path) as tmp:
                         (fetch or data.fetch_url)(url, tmp)
                 except OSError as error:
                     raise DataError(f"could not download {url} ({error}): put {path.name} in {data_dir} by hand, "
@@ -253,7 +254,7 @@ def load_parallel(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | No
         corpus = libreoffice_corpus(folder, src_lang, tgt_lang, run)
     else:
         corpus = multi30k_corpus(folder, src_lang, tgt_lang, fetch)
-    with data.atomic_write(cache) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(cache) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(corpus, f, ensure_ascii=False)
     return corpus
 

@@ -5,28 +5,25 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, TINY, assert_one_line_error, run, write_corpus
+from conftest import TINY, assert_one_line_error, run, run_two_processes, write_corpus
 
 
 def test_main_job_end_to_end(tmp_path, corpus):
     """--init pretrained alone: pretrain the teacher, convert, finetune, evaluate both; then generate."""
     out = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path)
     print(out.stdout[-1500:])
-    assert "training the softmax model first" in out.stdout
+    assert "training it first" in out.stdout
     assert "| softmax (pretrained) | - |" in out.stdout and "| t2r+pretrain | 8 |" in out.stdout
     teacher = torch.load(tmp_path / "out/tiny-softmax-random/ckpt.pt", weights_only=True)
     student = torch.load(tmp_path / "out/tiny-t2r-pretrained/ckpt.pt", weights_only=True)
     assert teacher["step"] == 12 and student["step"] == 6  # the teacher gets twice the finetuning steps
     assert student["config"]["attn"] == ["t2r", "t2r"]
     # generate past the training length (32 tokens) with the folded recurrent form, and check it
-    student_ckpt = "out/tiny-t2r-pretrained/ckpt.pt"
+    student_ckpt = "out/tiny-t2r-pretrained/model.pt"
     gen = run("generate.py", "--ckpt", student_ckpt, "--prompt", "w1 w2 w3", "--num_tokens", "80", "--check", "--temperature", "0.8",
               "--top_k", "5", cwd=tmp_path)
     print(gen.stdout[-600:])
@@ -36,7 +33,7 @@ def test_main_job_end_to_end(tmp_path, corpus):
     same = run("generate.py", "--ckpt", student_ckpt, "--prompt", "w1 w2 w3", "--num_tokens", "80", "--temperature", "0.8", "--top_k", "5",
                cwd=tmp_path)
     assert same.stdout.split("\n")[1] == gen.stdout.split("\n")[1]  # seeded sampling is reproducible
-    softmax = run("generate.py", "--ckpt", "out/tiny-softmax-random/ckpt.pt", "--mode", "recompute",
+    softmax = run("generate.py", "--ckpt", "out/tiny-softmax-random/model.pt", "--mode", "recompute",
                   "--temperature", "0", "--num_tokens", "5", cwd=tmp_path)
     assert "KV cache" not in softmax.stdout.split("\n")[0] and "mode recompute" in softmax.stdout
     again = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path,
@@ -70,47 +67,78 @@ def test_resume_is_exact(tmp_path, corpus, attn):
 
 
 def test_ddp_gloo_two_processes(tmp_path, corpus):
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         os.path.join(ROOT, "train_lm.py"), "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *TINY],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(result.stdout[-800:])
+    run_two_processes("train_lm.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *TINY, cwd=tmp_path)
     checkpoint = torch.load(tmp_path / "out/tiny-t2r-random/ckpt.pt", weights_only=True)
     assert checkpoint["step"] == 4 and len(checkpoint["rng"]) == 2  # each process's batch stream is saved
 
 
-def test_errors_are_one_line_and_lose_nothing(tmp_path, corpus):
-    assert_one_line_error(run("train_lm.py", "--dataset", str(tmp_path / "missing"), cwd=tmp_path, check=False),
-                          "missing")
-    assert_one_line_error(run("train_lm.py", "--no_such_flag", cwd=tmp_path, check=False), "--no_such_flag", "--help")
-    assert_one_line_error(run("train_lm.py", "--max_steps", "many", cwd=tmp_path, check=False), "max_steps")
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished softmax run and a finished T2R run from scratch on the tiny corpus."""
+    tmp = tmp_path_factory.mktemp("lm")
+    corpus = write_corpus(str(tmp / "tiny"))
+    for attn in ("softmax", "t2r"):
+        run("train_lm.py", "--dataset", corpus, "--attn", attn, "--max_steps", "2", *TINY, cwd=tmp)
+    return tmp, corpus
 
-    run("train_lm.py", "--dataset", corpus, "--max_steps", "2", *TINY, cwd=tmp_path)
-    ckpt = tmp_path / "out/tiny-softmax-random/ckpt.pt"
-    good = ckpt.read_bytes()
+
+def test_softmax_control_continues_the_teacher(trained, tmp_path):
+    """--init pretrained --attn softmax: the teacher trained on for the finetuning budget, no swap."""
+    tmp, corpus = trained
+    out = run("train_lm.py", "--init", "pretrained", "--attn", "softmax", "--dataset", corpus, "--pretrained",
+              str(tmp / "out/tiny-softmax-random/model.pt"), "--max_steps", "2", *TINY, "--out_dir", str(tmp_path / "c"),
+              cwd=tmp)
+    assert "unchanged (softmax)" in out.stdout
+    assert torch.load(tmp_path / "c/model.pt", weights_only=True)["config"]["attn"] == "softmax"
+
+
+def test_a_truncated_checkpoint_is_refused_and_kept(trained, tmp_path):
+    tmp, corpus = trained
+    good = (tmp / "out/tiny-softmax-random/ckpt.pt").read_bytes()
+    (tmp_path / "run").mkdir()
+    ckpt = tmp_path / "run/ckpt.pt"
     ckpt.write_bytes(good[: len(good) // 2])  # truncated, as by a full disk
-    truncated = ckpt.read_bytes()
-    assert_one_line_error(run("train_lm.py", "--dataset", corpus, "--max_steps", "2", "--resume", *TINY,
-                              cwd=tmp_path, check=False), "truncated or corrupt")
-    assert ckpt.read_bytes() == truncated  # nothing was overwritten
-    assert_one_line_error(run("generate.py", "--ckpt", str(ckpt), cwd=tmp_path, check=False), "truncated or corrupt")
-    ckpt.write_bytes(good)
+    result = run("train_lm.py", "--dataset", corpus, "--resume", "--out_dir", str(tmp_path / "run"), *TINY,
+                 cwd=tmp, check=False)
+    assert_one_line_error(result, "truncated or corrupt")
+    assert ckpt.read_bytes() == good[: len(good) // 2]  # nothing was overwritten
+    assert_one_line_error(run("generate.py", "--ckpt", str(ckpt), cwd=tmp, check=False), "truncated or corrupt")
 
-    other = write_corpus(str(tmp_path / "other"), seed=1, words=25)
-    assert_one_line_error(run("train_lm.py", "--init", "pretrained", "--dataset", other, "--pretrained", str(ckpt),
-                              *TINY, cwd=tmp_path, check=False), "vocabulary")
-    run("train_lm.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "2", *TINY, cwd=tmp_path)
-    converted = str(tmp_path / "out/tiny-t2r-random/ckpt.pt")
-    assert_one_line_error(run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--pretrained", converted,
-                              "--out_dir", "x", *TINY, cwd=tmp_path, check=False), "already converted")
-    assert_one_line_error(run("train_lm.py", "--dataset", corpus, "--resume", "--max_steps", "2", "--n_layer", "3", *TINY[2:],
-                              cwd=tmp_path, check=False), "n_layer")
-    assert_one_line_error(run("generate.py", "--ckpt", str(ckpt), "--prompt", "  ", cwd=tmp_path, check=False),
-                          "empty")
-    assert_one_line_error(run("train_lm.py", "--dataset", corpus, "--n_head", "3", *TINY[:2], *TINY[4:],
-                              "--out_dir", "y", cwd=tmp_path, check=False), "bad model flags", "divisible")
-    assert_one_line_error(run("train_lm.py", "--dataset", corpus, *TINY, "--block_size", "100000", "--out_dir", "z",
-                              cwd=tmp_path, check=False), "--block_size")
-    assert_one_line_error(run("generate.py", "--ckpt", str(tmp_path / "nope.pt"), cwd=tmp_path, check=False),
-                          "no checkpoint")
+
+@pytest.mark.parametrize("name, flags, message", [
+    ("another vocabulary", ["--init", "pretrained", "--pretrained", "out/tiny-softmax-random/model.pt",
+                            "--dataset", "other"], "vocabulary"),
+    ("a converted teacher", ["--init", "pretrained", "--pretrained", "out/tiny-t2r-random/model.pt"],
+     "already converted"),
+    ("another size on resume", ["--resume", "--out_dir", "out/tiny-softmax-random", "--n_layer", "3"], "n_layer"),
+    ("heads that do not divide the width", ["--n_head", "3"], "divisible"),
+    ("a block longer than the data", ["--block_size", "100000"], "--block_size"),
+    ("a finished run again", ["--out_dir", "out/tiny-softmax-random"], "exists"),
+])
+def test_train_lm_refuses(trained, tmp_path, name, flags, message):
+    tmp, corpus = trained
+    write_corpus(str(tmp / "other"), seed=1, words=25)
+    flags = [f if f != "other" else str(tmp / "other") for f in flags]
+    defaults = ["--dataset", corpus, *TINY, "--max_steps", "2", "--out_dir", str(tmp_path / "new")]
+    given = {f for f in flags if f.startswith("--")}
+    argv = [a for i, a in enumerate(defaults) if not (a in given or (i and defaults[i - 1] in given))] + flags
+    assert_one_line_error(run("train_lm.py", *argv, cwd=tmp, check=False), message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "missing"], "missing"),
+    (["--no_such_flag"], "--help"),
+    (["--max_steps", "many"], "max_steps"),
+    (["--eval_score", "600"], "--eval_score"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, argv, message):
+    assert_one_line_error(run("train_lm.py", *argv, cwd=tmp_path, check=False), message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ckpt", "nope.pt"], "no checkpoint"),
+    (["--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "  "], "empty"),
+])
+def test_generate_refuses(trained, argv, message):
+    tmp, _ = trained
+    assert_one_line_error(run("generate.py", *argv, cwd=tmp, check=False), message)

@@ -1,5 +1,6 @@
-"""Tests of translation: the corpus extractor and loaders (mt_data.py), decoding with recurrent states against
-brute-force references (train_mt.py), and train_mt.py end to end on a tiny corpus, with its one-line errors.
+"""Tests of the translator's data (mt_data.py: the corpus extractor and loaders) and of train_mt.py end to end
+on a tiny corpus: the main job, exact resume, DDP, snapshot averaging and the one-line errors.
+Decoding is tested in test_translate.py.
 
     python -m pytest -q -s test_train_mt.py
 
@@ -9,19 +10,15 @@ CPU, tiny sizes, no downloads: the LibreOffice packages and Multi30k are faked.
 import gzip
 import json
 import os
-import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import mt_data
-import t2r
-import train_mt
-from conftest import ROOT, assert_one_line_error, report
-from mt_data import BOS_ID, EOS_ID, PAD_ID
-from t2r import Config, Seq2SeqTransformer
+import train_mt as train_mt_module
+from conftest import (MT_TINY, assert_one_line_error, report, run, run_two_processes, tiny_translator,
+                      write_parallel)
+from mt_data import BOS_ID, EOS_ID
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 
@@ -168,270 +165,123 @@ def test_joint_bpe_round_trips_and_batches_respect_max_tokens():
 
 
 # -----------------------------------------------------------------------------
-# Decoding on recurrent states against brute-force references
-
-def tiny_model(kind, seed=0, dtype=torch.float64):
-    torch.manual_seed(seed)
-    config = Config(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
-                    attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=PAD_ID)
-    model = Seq2SeqTransformer(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(torch.randn_like(p) * (0.5 if name.endswith("weight") else 0.2))  # peaky, varied predictions
-    return model.to(dtype).eval()
-
-
-def sources(lengths=(6, 3, 1, 5), seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return mt_data.pad([torch.randint(4, 23, (n,), generator=g).tolist() + [EOS_ID] for n in lengths])
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_greedy_recurrent_equals_greedy_recompute(kind):
-    model, src = tiny_model(kind), sources()
-    recurrent = train_mt.greedy_decode(model, src, 1.5, 4)
-    recompute = train_mt.greedy_decode_recompute(model, src, 1.5, 4)
-    print(kind, recurrent)
-    assert recurrent == recompute and any(len(h) > 2 for h in recurrent)
-
-
-def test_greedy_speed_counts_every_generated_token():
-    """Table 2's tokens/s: the count is every hypothesis token plus its </s>, over batches of 16 in length order."""
-    pairs = [("Click the button to open the dialog.", "Klicken Sie auf die Schaltfläche."),
-             ("Change size", "Größe ändern"), ("Open the file", "Datei öffnen")] * 8
-    tokenizer = mt_data.train_joint_bpe(pairs, 300)
-    torch.manual_seed(0)
-    config = Config(vocab_size=tokenizer.get_vocab_size(), n_layer=1, n_encoder_layer=1, n_head=2, d_model=16,
-                    d_ff=32, dropout=0.0, attn="t2r", cross_attn="t2r", feature_size=4, cross_feature_size=6,
-                    pad_id=PAD_ID)
-    model = Seq2SeqTransformer(config).eval()
-    sentences = [s for s, _ in pairs][:20] + [""]  # 20 sentences (one batch of 16, one of 4) and an empty line
-    speed = train_mt.greedy_speed(model, tokenizer, sentences, torch.device("cpu"), batch_size=16)
-    ids = sorted(mt_data.encode(tokenizer, sentences[:20]), key=len)
-    expected = sum(len(h) + 1 for start in (0, 16)
-                   for h in train_mt.greedy_decode(model, mt_data.pad(ids[start:start + 16])))
-    print(speed)
-    assert speed["tokens"] == expected and speed["sentences"] == 20 and speed["tokens_per_s"] > 0
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_beam_scores_equal_parallel_rescoring(kind):
-    """Every hypothesis beam search finishes carries log p(y </s> | x) equal to one teacher-forced pass over it:
-    the recurrent states followed the right parents through every reordering."""
-    model, src = tiny_model(kind), sources()
-    best = train_mt.beam_search(model, src, beam_size=4, lenpen=0.6, max_len_a=1.5, max_len_b=4)
-    hyps, scores = [h for h, _, _ in best], [s for _, s, _ in best]
-    rescored = train_mt.sequence_log_probs(model, src, hyps)
-    diff = max(abs(a - b) for a, b in zip(scores, rescored))
-    print(kind, hyps)
-    assert report(f"{kind}: beam score vs parallel rescoring", diff) < 1e-9
-    for (h, s, normalized) in best:
-        assert normalized == pytest.approx(s / (len(h) + 1) ** 0.6)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_beam_search_beats_or_ties_greedy_and_beam_one_is_greedy(kind):
-    """Beam 1 is exactly greedy. Wider beams are not guaranteed to beat greedy in general; on these models
-    they do, and a beam that lost the greedy hypothesis's score here would point at a pruning bug."""
-    model, src = tiny_model(kind), sources()
-    greedy = train_mt.greedy_decode(model, src, 1.5, 4)
-    beam1 = train_mt.beam_search(model, src, beam_size=1, lenpen=0.0, max_len_a=1.5, max_len_b=4)
-    assert [h for h, _, _ in beam1] == greedy
-    beam = train_mt.beam_search(model, src, beam_size=5, lenpen=0.0, max_len_a=1.5, max_len_b=4)
-    greedy_scores = train_mt.sequence_log_probs(model, src, greedy)
-    assert all(b[1] >= g - 1e-12 for b, g in zip(beam, greedy_scores))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_padded_batch_translates_like_one_sentence_at_a_time(kind):
-    model, src = tiny_model(kind), sources()
-    batch = train_mt.beam_search(model, src, 3, 0.6, 1.5, 4)
-    for row in range(src.shape[0]):
-        n = int((src[row] != PAD_ID).sum())
-        alone = train_mt.beam_search(model, src[row: row + 1, :n], 3, 0.6, 1.5, 4)[0]
-        assert alone[0] == batch[row][0]
-        assert abs(alone[1] - batch[row][1]) < 1e-9
-    greedy = train_mt.greedy_decode(model, src, 1.5, 4)
-    assert greedy == [train_mt.greedy_decode(model, src[r: r + 1, : int((src[r] != PAD_ID).sum())], 1.5, 4)[0]
-                      for r in range(src.shape[0])]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_reordering_only_self_states_within_sentences_is_exact(kind):
-    """Beam search moves only the causal states: the cross-attention state of every beam of a sentence is
-    the same, and beams never leave their sentence. Compare with reordering the whole state."""
-    model, src = tiny_model(kind), sources((4, 2))
-    K = 3
-    g = torch.Generator().manual_seed(5)
-    state = t2r.reorder_state(model.init_state(src), torch.arange(2).repeat_interleave(K))
-    prefix = torch.randint(4, 23, (2 * K, 3), generator=g)
-    for t in range(3):
-        model.step(prefix[:, t], state)
-    index = torch.tensor([2, 2, 0, 4, 3, 3])  # within sentence 0 (rows 0-2) and sentence 1 (rows 3-5)
-    whole = t2r.reorder_state(state, index)
-    for layer in state["layers"]:
-        layer["self"] = t2r.reorder_state(layer["self"], index)
-    nxt = torch.randint(4, 23, (2 * K,), generator=g)
-    a, b = model.step(nxt, state)[0], model.step(nxt, whole)[0]
-    assert report(f"{kind}: self-only vs whole-state reorder", (a - b).abs().max()) == 0
-    # and both equal decoding the reordered prefixes from scratch
-    fresh = model.init_state(src[torch.arange(2).repeat_interleave(K)[index]])
-    for tok in torch.cat([prefix[index], nxt[:, None]], 1).T:
-        expected = model.step(tok, fresh)[0]
-    assert report(f"{kind}: reordered vs from scratch", (a - expected).abs().max()) < 1e-9
-
+# Snapshot averaging
 
 def test_checkpoint_averaging_is_the_mean(tmp_path):
-    models = [tiny_model("t2r", seed=s, dtype=torch.float32) for s in range(3)]
+    models = [tiny_translator("t2r", seed=s, dtype=torch.float32) for s in range(3)]
     for step, m in enumerate(models, 1):
-        train_mt.save_snapshot(m, str(tmp_path), step * 10, keep=2)
-    paths = train_mt.snapshot_paths(str(tmp_path))
+        train_mt_module.save_snapshot(m, str(tmp_path), step * 10, keep=2)
+    paths = train_mt_module.snapshot_paths(str(tmp_path))
     assert [os.path.basename(p) for p in paths] == ["snapshot_0000020.pt", "snapshot_0000030.pt"]
-    averaged = train_mt.average_snapshots(paths)
+    averaged = train_mt_module.average_snapshots(paths)
     name = "layers.0.self_attn.feature_map.weight"
     expected = (models[1].state_dict()[name] + models[2].state_dict()[name]) / 2
     assert report("averaged vs mean", (averaged[name] - expected).abs().max()) < 1e-7
 
 
-def test_bleu_detokenized_and_tokenized():
-    refs = ["Klicken Sie auf das Text-Feld.", "Das ist gut."]
-    perfect = train_mt.bleu_scores(refs, refs, "de")
-    assert perfect["bleu"] == 100 and perfect["tok_bleu"] == 100
-    tokenize = train_mt.moses_tokenizer("de")
-    assert tokenize("das Text-Feld.") == "das Text ##AT##-##AT## Feld ."  # compound splitting
-    worse = train_mt.bleu_scores(["Klicken Sie auf das Feld.", "Das ist schlecht."], refs, "de")
-    assert 0 < worse["bleu"] < 100 and 0 < worse["tok_bleu"] < 100
-    print(worse)
-
 
 # -----------------------------------------------------------------------------
 # train_mt.py end to end, as a user runs it
 
-TINY = ["--n_layer", "2", "--n_encoder_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64",
-        "--vocab_size", "300", "--max_tokens", "256", "--max_len", "40", "--eval_interval", "5",
-        "--snapshot_interval", "2", "--average_last", "3", "--log_interval", "5", "--beam", "3",
-        "--decode_batch_size", "16", "--cross_feature_size", "8", "--chunk_size", "4"]
+def train_mt(*args, cwd, check=True):
+    return run("train_mt.py", *args, cwd=cwd, check=check)
 
 
-def write_parallel(folder, seed=0, n=(400, 30, 30)):
-    """A toy translation task: each source word maps to a fixed target word, in reverse order."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(30)]
-    os.makedirs(folder, exist_ok=True)
-    for split, count in zip(mt_data.SPLITS, n):
-        src_lines, tgt_lines = [], []
-        for _ in range(count):
-            sentence = [rng.choice(words) for _ in range(rng.randint(2, 8))]
-            src_lines.append(" ".join(sentence))
-            tgt_lines.append(" ".join("z" + w[1:] for w in reversed(sentence)))
-        for lang, lines in (("en", src_lines), ("de", tgt_lines)):
-            with open(os.path.join(folder, f"{split}.{lang}"), "w") as f:
-                f.write("\n".join(lines) + "\n")
-    return folder
-
-
-def run(*args, cwd, check=True, stdin=None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "train_mt.py"), *args], cwd=cwd, env=env,
-                            capture_output=True, text=True, timeout=300, input=stdin)
-    if check and result.returncode != 0:
-        raise AssertionError(f"train_mt.py {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The main job on a toy corpus: train the softmax translator, convert, finetune, BLEU (under a minute)."""
-    tmp = tmp_path_factory.mktemp("mt")
-    corpus = write_parallel(str(tmp / "toy"))
-    out = run("--init", "pretrained", "--dataset", corpus, "--max_steps", "10", *TINY, cwd=tmp)
-    return tmp, corpus, out
-
-
-def test_main_job_end_to_end(trained):
-    tmp, corpus, out = trained
+def test_main_job_end_to_end(trained_translator):
+    tmp, corpus, out = trained_translator
     print(out.stdout[-1200:])
     assert "training it first" in out.stdout and "converted" in out.stdout
     assert "| softmax (pretrained) | - | - |" in out.stdout and "| t2r+pretrain | 8 | 4 |" in out.stdout
     teacher = torch.load(tmp / "out/mt-toy-en-de-softmax-random/model.pt", weights_only=True)
     student = torch.load(tmp / "out/mt-toy-en-de-t2r-pretrained/model.pt", weights_only=True)
-    ratio = train_mt.SCHEDULES["random"]["max_steps"] / train_mt.SCHEDULES["pretrained"]["max_steps"]
-    assert teacher["step"] == round(10 * ratio) and student["step"] == 10  # the teacher gets more steps
+    assert teacher["step"] == round(10 * 1100 / 450) and student["step"] == 10  # the paper's pretrain/finetune ratio
     assert student["averaged_steps"] == [6, 8, 10]
     assert student["config"]["attn"] == ["t2r", "t2r"] and student["config"]["cross_attn"] == "t2r"
     results = json.loads((tmp / "out/mt-toy-en-de-t2r-pretrained/results.json").read_text())
     assert 0 <= results["test"]["bleu"] <= 100 and results["k_causal"] == 4 and results["k_cross"] == 8
 
 
-def test_translate_stdin_keeps_empty_lines(trained):
-    tmp, corpus, _ = trained
-    out = run("--translate", "-", "--out_dir", "out/mt-toy-en-de-t2r-pretrained", "--beam", "1", cwd=tmp,
-              stdin="w1 w2 w3\n\n   \nw4\n")
-    lines = out.stdout.split("\n")
-    print(lines)
-    assert lines[-1] == "" and "device:" in out.stderr
-    translations = lines[:-1]
-    assert len(translations) == 4 and translations[1] == translations[2] == ""  # one line per input line
-
-
-def test_eval_only_reproduces_the_bleu(trained):
-    tmp, corpus, _ = trained
-    out = run("--eval_only", "--out_dir", "out/mt-toy-en-de-t2r-pretrained", cwd=tmp)
+def test_eval_only_reproduces_the_bleu(trained_translator):
+    tmp, _, _ = trained_translator
+    out = train_mt("--eval_only", "--out_dir", "out/mt-toy-en-de-t2r-pretrained", cwd=tmp)
     saved = json.loads((tmp / "out/mt-toy-en-de-t2r-pretrained/results.json").read_text())
     assert f"test: BLEU {saved['test']['bleu']:.2f}" in out.stdout
 
 
+def test_softmax_control_continues_the_teacher(trained_translator, tmp_path):
+    """--init pretrained --attn softmax: the teacher trained on for the finetuning budget, no swap."""
+    tmp, corpus, _ = trained_translator
+    teacher = tmp / "out/mt-toy-en-de-softmax-random/model.pt"
+    out = train_mt("--init", "pretrained", "--attn", "softmax", "--dataset", corpus, "--pretrained", str(teacher),
+                   "--max_steps", "2", *MT_TINY, "--bleu_sentences", "2", "--out_dir", str(tmp_path / "c"), cwd=tmp)
+    assert "unchanged (softmax)" in out.stdout
+    control = torch.load(tmp_path / "c/model.pt", weights_only=True)
+    assert control["config"]["attn"] == "softmax" and control["config"]["cross_attn"] == "softmax"
+
+
 def test_resume_is_exact(tmp_path):
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
-    common = ["--dataset", corpus, "--max_steps", "8", *TINY, "--bleu_sentences", "2", "--attn", "elu"]
-    run(*common, "--out_dir", "straight", cwd=tmp_path)
-    stopped = run(*common, "--out_dir", "resumed", "--stop_at", "3", cwd=tmp_path)
+    common = ["--dataset", corpus, "--max_steps", "8", *MT_TINY, "--bleu_sentences", "2", "--attn", "elu"]
+    train_mt(*common, "--out_dir", "straight", cwd=tmp_path)
+    stopped = train_mt(*common, "--out_dir", "resumed", "--stop_at", "3", cwd=tmp_path)
     assert "continue with --resume" in stopped.stdout
-    run("--resume", "--out_dir", "resumed", cwd=tmp_path)
+    train_mt("--resume", "--out_dir", "resumed", cwd=tmp_path)
     a = torch.load(tmp_path / "straight/ckpt.pt", weights_only=True)
     b = torch.load(tmp_path / "resumed/ckpt.pt", weights_only=True)
     diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
     assert report("resumed vs straight weights", diff) == 0 and a["best_val"] == b["best_val"]
 
 
-def test_one_line_errors(trained, tmp_path):
-    tmp, corpus, _ = trained
-    assert_one_line_error(run("--dataset", str(tmp_path / "nope"), cwd=tmp_path, check=False), "unknown dataset")
-    assert_one_line_error(run("--no_such_flag", cwd=tmp_path, check=False), "unrecognized arguments")
-    assert_one_line_error(run("--translate", "-", "--out_dir", str(tmp_path / "none"), cwd=tmp_path, check=False),
-                          "no checkpoint")
-    # a converted model is no teacher, a language model is no translator, a truncated file is corrupt
-    student = str(tmp / "out/mt-toy-en-de-t2r-pretrained/model.pt")
-    assert_one_line_error(run("--init", "pretrained", "--dataset", corpus, "--pretrained", student, *TINY,
-                              "--out_dir", str(tmp_path / "a"), cwd=tmp, check=False), "already converted")
-    lm = tmp_path / "lm.pt"
-    torch.save({"model": {}, "config": {"vocab_size": 10}}, lm)
-    assert_one_line_error(run("--init", "pretrained", "--dataset", corpus, "--pretrained", str(lm), *TINY,
-                              "--out_dir", str(tmp_path / "b"), cwd=tmp, check=False), "not a translator")
+def teacher_flags(tmp, corpus, out_dir, pretrained="out/mt-toy-en-de-softmax-random/model.pt"):
+    return ["--init", "pretrained", "--dataset", corpus, "--pretrained", str(tmp / pretrained), *MT_TINY,
+            "--out_dir", str(out_dir)]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--src", "de", "--tgt", "en"], "translates en-de"),
+    (["--d_model", "64"], "--d_model 64 differs"),
+])
+def test_a_teacher_of_another_shape_is_refused(trained_translator, tmp_path, extra, message):
+    tmp, corpus, _ = trained_translator
+    result = train_mt(*teacher_flags(tmp, corpus, tmp_path / "x"), *extra, cwd=tmp, check=False)
+    assert_one_line_error(result, message)
+
+
+def test_a_converted_model_is_no_teacher(trained_translator, tmp_path):
+    tmp, corpus, _ = trained_translator
+    flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained="out/mt-toy-en-de-t2r-pretrained/model.pt")
+    assert_one_line_error(train_mt(*flags, cwd=tmp, check=False), "already converted")
+
+
+def test_a_language_model_is_no_teacher(trained_translator, tmp_path):
+    tmp, corpus, _ = trained_translator
+    torch.save({"model": {}, "config": {"vocab_size": 10}}, tmp_path / "lm.pt")
+    result = train_mt(*teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "lm.pt"), cwd=tmp, check=False)
+    assert_one_line_error(result, "not a translator")
+
+
+def test_a_truncated_teacher_is_corrupt(trained_translator, tmp_path):
+    tmp, corpus, _ = trained_translator
     teacher = tmp / "out/mt-toy-en-de-softmax-random/model.pt"
-    broken = tmp_path / "broken.pt"
-    broken.write_bytes(teacher.read_bytes()[:1000])
-    assert_one_line_error(run("--init", "pretrained", "--dataset", corpus, "--pretrained", str(broken), *TINY,
-                              "--out_dir", str(tmp_path / "c"), cwd=tmp, check=False), "truncated or corrupt")
-    assert_one_line_error(run("--init", "pretrained", "--dataset", corpus, "--pretrained", str(teacher), *TINY,
-                              "--src", "de", "--tgt", "en", "--out_dir", str(tmp_path / "d"), cwd=tmp, check=False),
-                          "translates en-de")
-    assert_one_line_error(run("--init", "pretrained", "--dataset", corpus, "--pretrained", str(teacher), *TINY,
-                              "--d_model", "64", "--out_dir", str(tmp_path / "e"), cwd=tmp, check=False),
-                          "--d_model 64 differs")
-    assert_one_line_error(run("--translate", str(tmp_path / "missing.txt"), "--out_dir",
-                              "out/mt-toy-en-de-t2r-pretrained", cwd=tmp, check=False), "no such file")
+    (tmp_path / "broken.pt").write_bytes(teacher.read_bytes()[:1000])
+    flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "broken.pt")
+    assert_one_line_error(train_mt(*flags, cwd=tmp, check=False), "truncated or corrupt")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dataset", "nope"], "unknown dataset"),
+    (["--no_such_flag"], "unrecognized arguments"),
+    (["--max_tokens", "10", "--max_len", "40"], "cannot hold one sentence"),
+    (["--eval_only", "--out_dir", "none"], "no checkpoint"),
+])
+def test_bad_flags_are_one_line_errors(tmp_path, argv, message):
+    assert_one_line_error(train_mt(*argv, cwd=tmp_path, check=False), message)
 
 
 def test_ddp_gloo_two_processes(tmp_path):
     """Two processes on CPU (gloo): each takes its own batches; rank 0 writes the checkpoints and the BLEU."""
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         os.path.join(ROOT, "train_mt.py"), "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *TINY],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    print(result.stdout[-800:])
+    run_two_processes("train_mt.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *MT_TINY, cwd=tmp_path)
     checkpoint = torch.load(tmp_path / "out/mt-toy-en-de-t2r-random/ckpt.pt", weights_only=True)
     assert checkpoint["step"] == 4 and len(checkpoint["rng"]) == 2
     assert (tmp_path / "out/mt-toy-en-de-t2r-random/results.json").is_file()
@@ -439,7 +289,7 @@ def test_ddp_gloo_two_processes(tmp_path):
 
 def test_batch_order_is_a_function_of_the_counter_and_covers_every_batch():
     batches = [[i] for i in range(7)]
-    epoch = [train_mt.batch_at(batches, c, seed=3)[0] for c in range(7)]
+    epoch = [train_mt_module.batch_at(batches, c, seed=3)[0] for c in range(7)]
     assert sorted(epoch) == list(range(7))  # one epoch visits every batch once
-    assert [train_mt.batch_at(batches, c, seed=3)[0] for c in range(7, 14)] != epoch  # reshuffled per epoch
-    assert train_mt.batch_at(batches, 9, seed=3) == train_mt.batch_at(batches, 9, seed=3)
+    assert [train_mt_module.batch_at(batches, c, seed=3)[0] for c in range(7, 14)] != epoch  # reshuffled per epoch
+    assert train_mt_module.batch_at(batches, 9, seed=3) == train_mt_module.batch_at(batches, 9, seed=3)

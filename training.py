@@ -1,114 +1,121 @@
-"""Helpers shared by the scripts (train_lm.py, generate.py, bench.py): command line, device, precision,
-learning-rate schedule, distributed setup and checkpoints that resume exactly."""
+"""
+The training loop of both trainers, and the conversion job.
+
+    train(task)        the loop: resume, gradient accumulation, DDP, logging, evaluate and save, --stop_at
+    main_job(Task)     train, or convert: the softmax teacher first if it is missing, then swap and finetune
+
+train_lm.py and train_mt.py each define a Task: their data, their loss, their evaluation, their model.
+Also here: the flags both trainers share, the learning-rate schedules and the optimizer.
+"""
 
 import argparse
-import copy
-import csv
 import json
 import math
 import os
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
 
-from data import atomic_write
-from t2r import Config, build_model
+from runtime import (Distributed, UserError, autocast_context, explicit_flags, gather_rng, get_device, load_checkpoint,
+                     make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint, serializable, set_rng_state,
+                     setup_distributed, take_saved_flags, unwrap, write_json)
+from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
 
-
-class UserError(Exception):
-    """Bad input (flags, data, checkpoint): main() prints the one-line message and exits with status 2."""
-
-
-def run_main(main):
-    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback."""
-    try:
-        main()
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: unknown or malformed flags are rejected with a hint."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message} (see python {self.prog} --help)\n")
-
-
-def print_config(title: str, values: dict):
-    print(f"{title}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
-
-
-def explicit_flags(parser, argv) -> set:
-    """The flags given on the command line (not left at their defaults)."""
-    quiet = copy.deepcopy(parser)
-    for action in quiet._actions:
-        action.default = argparse.SUPPRESS
-    return set(vars(quiet.parse_args(argv)))
-
-
-def serializable(values: dict) -> dict:
-    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
-
-
-def take_saved_flags(args, out_dir: str, run_control: set):
-    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
-    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
-    saved_path = os.path.join(out_dir, "args.json")
-    if os.path.isfile(saved_path):
-        with open(saved_path) as f:
-            saved = json.load(f)
-    else:
-        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
-    for name, value in saved.items():
-        if name in run_control or not hasattr(args, name):
-            continue
-        if name not in args.explicit:
-            setattr(args, name, value)
-        elif args.resume and value != getattr(args, name):
-            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
-                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
-    args.out_dir = out_dir
+# Until bench.py and experiments/study.py import these from runtime:
+from runtime import Parser, model_from_checkpoint, run_main, write_csv  # noqa: F401
 
 
 # -----------------------------------------------------------------------------
-# Device and precision
+# The flags both trainers share
 
-def get_device(requested: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu; says what it chose."""
-    if requested == "auto":
-        if torch.cuda.is_available():
-            requested = "cuda"
-        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            requested = "mps"
-        else:
-            requested = "cpu"
-    device = torch.device(requested)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
-    print(f"device: {device} ({name})")
-    return device
+# Flags that only steer this invocation; all others define a run, and --resume takes them from the run.
+RUN_CONTROL = {"resume", "eval_only", "stop_at", "out_dir", "device", "dtype", "compile", "log_interval",
+               "eval_interval", "pretrained_given"}
 
 
-def resolve_dtype(requested: str, device: torch.device) -> str:
-    """Mixed precision only on CUDA: bf16 where supported, else fp16 with a GradScaler. CPU trains in fp32."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return "float32"
+def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
+    """--dataset and --data_dir; returns their group, for the trainer's own data flags."""
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=dataset, help=dataset_help)
+    g.add_argument("--data_dir", default=None, help=data_dir_help)
+    return g
 
 
-def autocast_context(device: torch.device, dtype: str):
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
+    """The model flags both trainers share; returns their group, for the trainer's own."""
+    g = p.add_argument_group("model (ignored with --init pretrained: the teacher's sizes are used)")
+    g.add_argument("--n_layer", type=int, default=None, help=f"(decoder) layers (default {defaults['n_layer']})")
+    g.add_argument("--n_head", type=int, default=None, help=f"attention heads r (default {defaults['n_head']})")
+    g.add_argument("--d_model", type=int, default=None, help=f"model width h (default {defaults['d_model']})")
+    g.add_argument("--d_ff", type=int, default=None, help=f"feed-forward width (default {defaults['d_ff']})")
+    g.add_argument("--dropout", type=float, default=dropout, help="dropout on embeddings, sublayers and the feed-forward layer")
+    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged: a control)")
+    g.add_argument("--feature_size", type=int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
+    g.add_argument("--chunk_size", type=int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
+    return g
 
 
-def make_scaler(device: torch.device, dtype: str):
-    return torch.amp.GradScaler(device.type, enabled=(dtype == "float16"))
+def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, eval_interval: int):
+    """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
+    g = p.add_argument_group("initialisation")
+    g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing)")
+    g = p.add_argument_group("training")
+    r, f = schedules["random"], schedules["pretrained"]
+    g.add_argument("--max_steps", type=int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
+    g.add_argument("--grad_accum", type=int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {r['lr']:g} random, {f['lr']:g} pretrained)")
+    g.add_argument("--warmup_steps", type=int, default=None, help="warmup steps (default: a fraction of max_steps)")
+    g.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay on matrices")
+    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    g.add_argument("--seed", type=int, default=1337, help="seed of the initialisation, dropout and batch order")
+    g.add_argument("--stop_at", type=int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
+    s = p.add_argument_group("system")
+    s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default out/<dataset>-<attn>-<init>)")
+    s.add_argument("--resume", action="store_true", help="continue the run in <out_dir> exactly where it stopped")
+    s.add_argument("--eval_only", action="store_true", help="evaluate <out_dir>/model.pt on valid and test, then exit")
+    s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto: bf16/fp16 on CUDA, fp32 on CPU)")
+    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: on for CUDA, off on CPU)")
+    s.add_argument("--log_interval", type=int, default=log_interval, help="steps between log lines")
+    s.add_argument("--eval_interval", type=int, default=eval_interval, help="steps between evaluations and checkpoints")
+    return g
+
+
+def adopt_saved_run(parser, argv, run_control: set, default_out_dir):
+    """Parse the flags; --resume and --eval_only take every flag not given from the run in out_dir."""
+    args = parser.parse_args(argv)
+    args.explicit = explicit_flags(parser, argv)
+    if args.resume or args.eval_only:
+        attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
+        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), RUN_CONTROL | run_control)
+    return args
+
+
+def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, default_out_dir):
+    """The defaults that depend on other flags, and the checks every trainer shares.
+    default_out_dir(args, attn, init) names a run's folder."""
+    args.attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
+    schedule = schedules[args.init]
+    args.max_steps = schedule["max_steps"] if args.max_steps is None else args.max_steps
+    args.lr = schedule["lr"] if args.lr is None else args.lr
+    if args.warmup_steps is None:
+        args.warmup_steps = max(1, args.max_steps // warmup_divisor)
+    args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
+    args.pretrained_given = "pretrained" in args.explicit
+    args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
+    if not args.lr > 0:
+        parser.error("--lr must be positive")
+    for name in ("max_steps", "warmup_steps", "grad_accum", "eval_interval"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return args
 
 
 # -----------------------------------------------------------------------------
@@ -152,116 +159,288 @@ def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8, fused=device.type == "cuda")
 
 
+
+def training_device(requested: str, ddp: Distributed) -> torch.device:
+    """--device, or under torchrun with --device auto: this process's GPU (or the CPU)."""
+    if ddp.enabled and requested == "auto":
+        requested = f"cuda:{ddp.local_rank}" if torch.cuda.is_available() else "cpu"
+    return get_device(requested)
+
+
 # -----------------------------------------------------------------------------
-# Distributed data parallel (torchrun)
+# The training loop, shared by train_lm.py and train_mt.py (as minGPT's Trainer serves its projects)
+
+class Task:
+    """What differs between training a language model and a translator. A trainer subclasses it; `train`
+    runs the loop around it. args are the trainer's flags, ddp its process group."""
+
+    SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
+    generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
+
+    def __init__(self, args, ddp: Distributed):
+        self.args, self.ddp = args, ddp
+
+    def prepare(self, checkpoint: dict | None):
+        """Load the data; return the checkpoint's model, or a new one (random, or converted from the teacher)."""
+        raise NotImplementedError
+
+    def lr(self, step: int) -> float:
+        raise NotImplementedError
+
+    def loss(self, model, counter: int) -> tuple:
+        """(mean loss, tokens) of micro-batch number `counter` (counted over steps, micro-batches, processes)."""
+        raise NotImplementedError
+
+    def validation_loss(self, model) -> float:
+        raise NotImplementedError
+
+    def report(self, model, train_seconds: float) -> dict:
+        """The final evaluation of the finished model (results.json)."""
+        raise NotImplementedError
+
+    def checkpoint_extras(self) -> dict:
+        """What else goes into ckpt.pt and model.pt (a translator's tokenizer)."""
+        return {}
+
+    def after_step(self, model, step: int):
+        """Called after every optimizer step (a translator saves its snapshots)."""
+
+    def final_model(self, model) -> tuple:
+        """(the finished model, what model.pt says about it beyond the common fields)."""
+        return model, {}
+
 
 @dataclass
-class Distributed:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+class Progress:
+    step: int = 0
+    best_val: float = math.inf  # the best validation loss so far
+    train_seconds: float = 0.0  # training and periodic evaluation, over every invocation of the run
 
 
-def setup_distributed() -> Distributed:
-    """Under torchrun (WORLD_SIZE > 1): one process per device, NCCL on CUDA and gloo on CPU."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size == 1:
-        return Distributed()
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
-    info = Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
-    if backend == "nccl":
-        torch.cuda.set_device(info.local_rank)
-    return info
+def train(task: Task) -> dict:
+    """Train to --max_steps (or --stop_at), evaluating and saving every --eval_interval steps; resumable at any
+    checkpoint. Returns the final evaluation ({} when stopped early)."""
+    args, ddp = task.args, task.ddp
+    device = task.device = training_device(args.device, ddp)
+    dtype = task.dtype = resolve_dtype(args.dtype, device)
+    raw_model, optimizer, scaler, p = start(task, device, dtype)
+    model = wrap(raw_model, args, device, ddp)
+    bar = tqdm(total=args.max_steps, initial=p.step, desc=os.path.basename(args.out_dir), disable=not ddp.is_main,
+               dynamic_ncols=True, mininterval=2)
+    t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
+    while p.step < args.max_steps and (args.stop_at is None or p.step < args.stop_at):
+        t_step = time.time()
+        lr = task.lr(p.step)
+        set_lr(optimizer, lr)
+        for micro in range(args.grad_accum):
+            counter = (p.step * args.grad_accum + micro) * ddp.world_size + ddp.rank
+            sync = not ddp.enabled or micro == args.grad_accum - 1  # DDP: all-reduce once, after the last
+            with (nullcontext() if sync else model.no_sync()), autocast_context(device, dtype):
+                loss, n = task.loss(model, counter)
+                loss = loss / args.grad_accum
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
+            tokens += n * ddp.world_size
+        optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
+        p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
+        bar.update(1)
+        task.after_step(raw_model, p.step)
+        last = p.step == args.max_steps
+        if p.step % args.log_interval == 0 or last:
+            log_step(bar, p, args, float(loss_sum) / steps, lr, tokens / (time.time() - t_log), ddp)
+            t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
+        if p.step % args.eval_interval == 0 or last:
+            t_eval = time.time()
+            validate(task, raw_model, p)
+            p.train_seconds += time.time() - t_eval
+            save_run(task, raw_model, optimizer, scaler, p)
+            t_log = time.time()
+    bar.close()
+    save_run(task, raw_model, optimizer, scaler, p)
+    if p.step < args.max_steps:
+        print(f"stopped at step {p.step} of {args.max_steps}: continue with --resume --out_dir {args.out_dir}")
+        return {}
+    return finish(task, raw_model, p)
 
 
-def all_reduce_sum(values: torch.Tensor, ddp: Distributed) -> torch.Tensor:
+def start(task: Task, device, dtype):
+    """The model, optimizer, scaler and progress of a new run, or of the run in out_dir restored exactly."""
+    args, ddp = task.args, task.ddp
+    path = os.path.join(args.out_dir, "ckpt.pt")
+    if not args.resume and os.path.exists(path):
+        raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
+                        f"or choose another --out_dir")
+    checkpoint = load_checkpoint(path) if args.resume else None
+    torch.manual_seed(args.seed)  # the same initialisation on every process
+    model = task.prepare(checkpoint).to(device)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay, device)
+    scaler = make_scaler(device, dtype)
+    p = Progress()
+    if checkpoint:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        p = Progress(checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"])
+        set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], task.generator)
+        print(f"resumed {path} at step {p.step} (best validation loss {p.best_val:.4f})")
+    if ddp.is_main:
+        print_config("model", model.config.to_dict())
+        print(f"parameters: {model.num_params():,}")
+        write_json(os.path.join(args.out_dir, "args.json"), serializable(vars(args)))
+    return model, optimizer, scaler, p
+
+
+def wrap(model, args, device, ddp):
+    """torch.compile (default on CUDA) and DistributedDataParallel under torchrun."""
+    if args.compile if args.compile is not None else device.type == "cuda":
+        model = torch.compile(model)
     if ddp.enabled:
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    return values
-
-
-# -----------------------------------------------------------------------------
-# Checkpoints: written atomically, loaded with weights_only=True, resumed exactly
-
-def rng_state(generator: torch.Generator | None = None) -> dict:
-    """The global (dropout) RNG, and the data generator of trainers that draw batches from one."""
-    state = {"torch": torch.get_rng_state()}
-    if generator is not None:
-        state["data"] = generator.get_state()
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()  # this process's device only
-    return state
-
-
-def set_rng_state(state: dict, generator: torch.Generator | None = None):
-    torch.set_rng_state(state["torch"])
-    if generator is not None:
-        generator.set_state(state["data"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def gather_rng(state: dict, ddp: Distributed) -> list:
-    """Every process's RNG state, so a resumed data-parallel run continues each stream."""
-    if not ddp.enabled:
-        return [state]
-    states = [None] * ddp.world_size
-    dist.all_gather_object(states, state)
-    return states
-
-
-def save_checkpoint(path: str, checkpoint: dict):
-    """An interrupted save never leaves a half checkpoint (data.atomic_write)."""
-    with atomic_write(path) as tmp:
-        torch.save(checkpoint, tmp)
-
-
-def write_json(path: str, values: dict):
-    with atomic_write(path) as tmp, open(tmp, "w") as f:
-        json.dump(values, f, indent=1)
-
-
-def write_csv(path: str, rows: list[dict], columns: list[str] | None = None):
-    """A results table; None becomes an empty cell."""
-    with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
-
-
-def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
-    if not os.path.isfile(path):
-        raise UserError(f"no {what} at {path}: train one first, or pass the right path")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
-        raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
-                        f"delete it and retrain, or restore a good copy") from None
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
-        raise UserError(f"{path} is not a t2r checkpoint (no model or config in it)")
-    return checkpoint
-
-
-def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
-    try:
-        model = build_model(Config(**checkpoint["config"]))
-        model.load_state_dict(checkpoint["model"])
-    except (TypeError, ValueError, RuntimeError) as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise UserError(f"{path} does not match its config ({first_line}); it was saved by another version") from None
+        # LayerDrop skips whole layers, whose parameters then get no gradient in that step
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                        find_unused_parameters=unwrap(model).config.layer_dropout > 0)
     return model
 
 
-def unwrap(model):
-    """The plain module under DDP and torch.compile, whose state dict has the clean names."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
+def log_step(bar, p: Progress, args, loss: float, lr: float, tokens_per_s: float, ddp):
+    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:,.0f}")
+    if ddp.is_main:
+        tqdm.write(f"step {p.step}/{args.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
+                   f"{p.train_seconds / 60:.1f} min")
+
+
+def validate(task: Task, model, p: Progress):
+    val_loss = task.validation_loss(model)
+    p.best_val = min(p.best_val, val_loss)
+    if task.ddp.is_main:
+        tqdm.write(f"step {p.step}: validation loss {val_loss:.4f} (ppl {math.exp(val_loss):.2f}), "
+                   f"best {p.best_val:.4f}")
+
+
+def save_run(task: Task, model, optimizer, scaler, p: Progress):
+    """ckpt.pt: everything a resumed run needs to continue exactly, every process's RNG included."""
+    rng = gather_rng(rng_state(task.generator), task.ddp)
+    if task.ddp.is_main:
+        save_checkpoint(os.path.join(task.args.out_dir, "ckpt.pt"), {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+            "config": model.config.to_dict(), "args": serializable(vars(task.args)), "step": p.step,
+            "max_steps": task.args.max_steps, "best_val": p.best_val, "rng": rng,
+            "train_seconds": p.train_seconds, **task.checkpoint_extras()})
+
+
+def finish(task: Task, model, p: Progress) -> dict:
+    """model.pt (the finished model: what generate.py, translate.py and --init pretrained read) and
+    results.json (its final evaluation)."""
+    final, about = task.final_model(model)
+    if task.ddp.is_main:
+        save_checkpoint(os.path.join(task.args.out_dir, "model.pt"), {
+            "model": final.state_dict(), "config": final.config.to_dict(), "args": serializable(vars(task.args)),
+            "step": p.step, "max_steps": task.args.max_steps, "train_seconds": p.train_seconds,
+            **task.checkpoint_extras(), **about})
+    return write_results(task, task.report(final, p.train_seconds))
+
+
+def write_results(task: Task, results: dict) -> dict:
+    if task.ddp.is_main and results:
+        write_json(os.path.join(task.args.out_dir, "results.json"), results)
+    return results
+
+
+def evaluate_finished(task: Task) -> dict:
+    """--eval_only: the final evaluation of <out_dir>/model.pt again."""
+    path = os.path.join(task.args.out_dir, "model.pt")
+    if not os.path.isfile(path):
+        raise UserError(f"no finished model at {path}: finish the run first (--resume --out_dir "
+                        f"{task.args.out_dir})")
+    checkpoint = load_checkpoint(path, "finished model")
+    task.device = training_device(task.args.device, task.ddp)
+    task.dtype = resolve_dtype(task.args.dtype, task.device)
+    model = task.prepare(checkpoint).to(task.device)
+    return write_results(task, task.report(model, checkpoint.get("train_seconds", 0.0)))
+
+
+# -----------------------------------------------------------------------------
+# The conversion job (section 2.2): train the softmax teacher if it is missing, swap its attention, finetune
+
+def main_job(task_class, args):
+    """A trainer's main(): one run, or with --init pretrained the teacher (when missing), then the student."""
+    ddp = setup_distributed()
+    if ddp.is_main:
+        print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
+    try:
+        return run_job(task_class, args, ddp)
+    finally:
+        if ddp.enabled:
+            dist.destroy_process_group()
+
+
+def run_job(task_class, args, ddp: Distributed):
+    if args.eval_only:
+        return evaluate_finished(task_class(args, ddp))
+    if args.init != "pretrained" or args.resume:
+        return train(task_class(args, ddp))
+    teacher_results = None
+    if not args.pretrained_given and not os.path.isfile(args.pretrained):
+        print(f"no finished softmax teacher at {args.pretrained}: training it first")
+        teacher_results = train(task_class(teacher_args(args, task_class.SCHEDULES), ddp))
+    results = train(task_class(args, ddp))
+    if ddp.is_main and results:
+        teacher_results = teacher_results or read_results(os.path.dirname(args.pretrained))
+        rows = [("softmax (pretrained)", teacher_results)] if teacher_results else []
+        task_class.print_table(rows + [(results["attn"], results)])
+    return results
+
+
+def teacher_args(args, schedules: dict):
+    """The flags of the softmax teacher that --init pretrained converts. Its budget stands to the finetuning
+    budget as the paper's pretraining to its finetuning (appendix Tables 3-6): the default schedules' ratio."""
+    teacher = argparse.Namespace(**vars(args))
+    teacher.attn, teacher.init, teacher.out_dir = "softmax", "random", os.path.dirname(args.pretrained)
+    steps = schedules["random"]["max_steps"] / schedules["pretrained"]["max_steps"]
+    teacher.max_steps, teacher.warmup_steps = round(args.max_steps * steps), round(args.warmup_steps * steps)
+    teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
+    teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
+    teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
+    return teacher
+
+
+def load_teacher(args, what: str) -> dict:
+    """The checkpoint --init pretrained converts: finished, softmax only, of the sizes the flags give."""
+    checkpoint = load_checkpoint(args.pretrained, what)
+    if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
+        raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
+                        f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")
+    return checkpoint
+
+
+def check_teacher(checkpoint: dict, args, model_flags: tuple):
+    config = checkpoint["config"]
+    kinds = set(Config(**config).layer_kinds()) | ({config["cross_attn"]} if config.get("n_encoder_layer") else set())
+    if kinds != {"softmax"}:
+        raise UserError(f"{args.pretrained} is already converted (attention {sorted(kinds)}): "
+                        f"--init pretrained needs a softmax model")
+    for name in model_flags:
+        if getattr(args, name) is not None and getattr(args, name) != config[name]:
+            raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
+                            f"drop the flag (the teacher's sizes are used)")
+
+
+def student_of(teacher, args, **convert_options):
+    """The model that finetuning starts from: the teacher with its attention swapped (section 2.2), or, with
+    --attn softmax, the teacher itself (a control: the same finetuning budget without the swap)."""
+    teacher.config.dropout, teacher.config.chunk_size = args.dropout, args.chunk_size  # finetuning's own
+    teacher.config.layer_dropout = getattr(args, "layer_dropout", teacher.config.layer_dropout)
+    if args.attn == "softmax":
+        print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
+        return teacher
+    model = convert(teacher, args.attn, args.feature_size, **convert_options)
+    causal, cross = feature_sizes(model.config)
+    print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
+          + "; new parameters: feature maps only")
+    return model
+
+
+def read_results(out_dir: str):
+    path = os.path.join(out_dir, "results.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    return None

@@ -1,0 +1,251 @@
+"""
+What every script needs around the model: one-line errors, the command line, the device and precision,
+data-parallel processes, and checkpoints (written atomically, loaded with weights_only=True).
+"""
+
+import argparse
+import contextlib
+import copy
+import csv
+import json
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from t2r import Config, build_model
+
+
+# -----------------------------------------------------------------------------
+# Errors and the command line
+
+class UserError(Exception):
+    """Bad input (flags, data, checkpoint): main() prints the one-line message and exits with status 2."""
+
+
+def run_main(main):
+    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback."""
+    try:
+        main()
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: unknown or malformed flags are rejected with a hint."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see python {self.prog} --help)\n")
+
+
+def print_config(title: str, values: dict):
+    print(f"{title}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+def explicit_flags(parser, argv) -> set:
+    """The flags given on the command line (not left at their defaults)."""
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(quiet.parse_args(argv)))
+
+
+def serializable(values: dict) -> dict:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
+
+
+def take_saved_flags(args, out_dir: str, run_control: set):
+    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
+    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
+    saved_path = os.path.join(out_dir, "args.json")
+    if os.path.isfile(saved_path):
+        with open(saved_path) as f:
+            saved = json.load(f)
+    else:
+        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
+    for name, value in saved.items():
+        if name in run_control or not hasattr(args, name):
+            continue
+        if name not in args.explicit:
+            setattr(args, name, value)
+        elif args.resume and value != getattr(args, name):
+            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
+                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
+    args.out_dir = out_dir
+
+
+# -----------------------------------------------------------------------------
+# Device and precision
+
+def get_device(requested: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu; says what it chose."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            requested = "cuda"
+        elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            requested = "mps"
+        else:
+            requested = "cpu"
+    device = torch.device(requested)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"device: {device} ({name})")
+    return device
+
+
+def resolve_dtype(requested: str, device: torch.device) -> str:
+    """Mixed precision only on CUDA: bf16 where supported, else fp16 with a GradScaler. CPU trains in fp32."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
+def autocast_context(device: torch.device, dtype: str):
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device.type, dtype=getattr(torch, dtype))
+
+
+def make_scaler(device: torch.device, dtype: str):
+    return torch.amp.GradScaler(device.type, enabled=(dtype == "float16"))
+
+
+# -----------------------------------------------------------------------------
+# Distributed data parallel (torchrun)
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed() -> Distributed:
+    """Under torchrun (WORLD_SIZE > 1): one process per device, NCCL on CUDA and gloo on CPU."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed()
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    info = Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    if backend == "nccl":
+        torch.cuda.set_device(info.local_rank)
+    return info
+
+
+def all_reduce_sum(values: torch.Tensor, ddp: Distributed) -> torch.Tensor:
+    if ddp.enabled:
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: written atomically, loaded with weights_only=True, resumed exactly
+
+def rng_state(generator: torch.Generator | None = None) -> dict:
+    """The global (dropout) RNG, and the data generator of trainers that draw batches from one."""
+    state = {"torch": torch.get_rng_state()}
+    if generator is not None:
+        state["data"] = generator.get_state()
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()  # this process's device only
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator | None = None):
+    torch.set_rng_state(state["torch"])
+    if generator is not None:
+        generator.set_state(state["data"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather_rng(state: dict, ddp: Distributed) -> list:
+    """Every process's RNG state, so a resumed data-parallel run continues each stream."""
+    if not ddp.enabled:
+        return [state]
+    states = [None] * ddp.world_size
+    dist.all_gather_object(states, state)
+    return states
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | Path) -> Iterator[str]:
+    """The one way this project writes a file: yield a temporary name to write, then rename it over path
+    once complete. An interrupted write never leaves a half-written file under the real name, and a
+    failed one leaves nothing (the temporary file is removed). Used for checkpoints, tables and caches.
+
+        with atomic_write("results.json") as tmp:
+            Path(tmp).write_text(text)
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"  # the pid: two processes never write the same temporary file
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def save_checkpoint(path: str, checkpoint: dict):
+    """An interrupted save never leaves a half checkpoint (atomic_write)."""
+    with atomic_write(path) as tmp:
+        torch.save(checkpoint, tmp)
+
+
+def write_json(path: str, values: dict):
+    with atomic_write(path) as tmp, open(tmp, "w") as f:
+        json.dump(values, f, indent=1)
+
+
+def write_csv(path: str, rows: list[dict], columns: list[str] | None = None):
+    """A results table; None becomes an empty cell."""
+    with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+
+
+def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
+    if not os.path.isfile(path):
+        raise UserError(f"no {what} at {path}: train one first, or pass the right path")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
+        raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
+                        f"delete it and retrain, or restore a good copy") from None
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
+        raise UserError(f"{path} is not a t2r checkpoint (no model or config in it)")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
+    try:
+        model = build_model(Config(**checkpoint["config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (TypeError, ValueError, RuntimeError) as error:
+        first_line = str(error).strip().splitlines()[0]
+        raise UserError(f"{path} does not match its config ({first_line}); it was saved by another version") from None
+    return model
+
+
+def unwrap(model):
+    """The plain module under DDP and torch.compile, whose state dict has the clean names."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
