@@ -1,44 +1,46 @@
 """
-bench.py runs end to end (--quick) and writes what its docstring promises; its helpers are right.
+bench.py runs end to end (--quick, into out/bench-quick) and writes what its docstring promises; its instruments
+(bench_tools.py) and its ratios are right; bad flags are one-line errors.
 
     python -m pytest -q test_bench.py        # about 50 s on a 2-core CPU, more on a slower machine
 """
 
 import csv
 import importlib.util
-import os
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import bench
-
-# The CSV columns, as documented in bench.py's docstring.
-EXPECTED_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit", "device"]
-HERE = os.path.dirname(os.path.abspath(__file__))
+import bench_tools
+from conftest import assert_one_line_error, run
+from training import run_main
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("bench")
-    # one thread: the smoke test checks the pipeline, not the numbers, and must not fight other jobs for cores.
-    # The timeout only guards against a hang; how long the run takes varies between CI machines.
-    result = subprocess.run([sys.executable, "bench.py", "--quick", "--threads", "1", "--out_dir", str(out_dir)],
-                            cwd=HERE, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    with open(out_dir / "bench.csv", newline="") as f:
+    """`bench.py --quick --threads 1` in an empty folder, as a user runs it: no --out_dir.
+    One thread: the smoke test checks the pipeline, not the numbers, and must not fight other jobs for cores."""
+    cwd = tmp_path_factory.mktemp("bench")
+    result = run("bench.py", "--quick", "--threads", "1", cwd=cwd)
+    with open(cwd / "out" / "bench-quick" / "bench.csv", newline="") as f:
         reader = csv.DictReader(f)
-        return out_dir, reader.fieldnames, list(reader), result.stdout
+        return cwd, reader.fieldnames, list(reader), result.stdout
+
+
+def test_quick_writes_under_out_not_results(quick_run):
+    cwd, _, _, stdout = quick_run
+    assert not (cwd / "results").exists()
+    assert sorted(p.name for p in cwd.iterdir()) == ["out"]
+    assert "wrote out/bench-quick/bench.csv, bench.md" in stdout
 
 
 def test_csv_columns_are_documented(quick_run):
     _, columns, rows, _ = quick_run
     print("bench.csv columns:", ",".join(columns))
-    assert columns == EXPECTED_COLUMNS == bench.CSV_COLUMNS
-    assert ",".join(EXPECTED_COLUMNS) in bench.__doc__
-    assert rows
+    assert ",".join(columns) in bench.__doc__
+    assert rows and all(r["device"] == "cpu" for r in rows)
 
 
 def test_every_model_has_positive_rows(quick_run):
@@ -67,15 +69,36 @@ def test_measured_state_ratio_matches_theory(quick_run):
         assert got[(model, "kv_over_state")] == pytest.approx(got[(model, "kv_over_state_theory")], rel=1e-3)
 
 
-def test_markdown_and_plots(quick_run):
-    out_dir, _, _, stdout = quick_run
+def test_markdown_ratios_and_plots(quick_run):
+    cwd, _, _, stdout = quick_run
+    out_dir = cwd / "out" / "bench-quick"
     text = (out_dir / "bench.md").read_text()
-    assert "| target | measured | verdict |" in text and "| softmax_kv |" in text
+    assert "| ratio | measured | goal | verdict |" in text and "| softmax_kv |" in text and "## How it measures" in text
+    for b in (1, 16):  # the floors were run: their ratios are numbers, not n/a
+        start = f"| t2r32 step / proj_only step (tokens/s at 64), batch {b} |"
+        line = next(x for x in text.splitlines() if x.startswith(start))
+        assert float(line.split("|")[2]) > 0, line
+        assert f"ratio: t2r32 step / floor step (tokens/s at 64), batch {b}: " in stdout
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = sorted(p.name for p in out_dir.glob("*.png"))
         assert {"gen_tokens_per_s.png", "gen_latency.png", "gen_memory.png", "train.png"} <= set(pngs), pngs
     else:
         assert "no plots" in stdout
+
+
+def test_ratios_from_rows():
+    rows = [bench.row("gen", model, 16, L, "tokens_per_s", tps, "tok/s")
+            for model, L, tps in (("t2r32", 8192, 6000.0), ("softmax_kv", 8192, 500.0), ("proj_only", 8192, 7000.0))]
+    rows += [bench.row("memory", "t2r32", 1, 4096, metric, v, "x")
+             for metric, v in (("kv_over_state", 260.0), ("kv_over_state_theory", 252.06))]
+    args = SimpleNamespace(batch_sizes=[1, 16], memory_length=4096, quadratic_max=4096)
+    got = {what: (measured, verdict) for what, measured, _, verdict in bench_tools.ratios(rows, args)}
+    print("\n".join(f"{w}: {m} {v}" for w, (m, v) in got.items()))
+    assert got["t2r32 / softmax_kv tokens/s at 8192, batch 16"] == ("12.00", "pass")
+    assert got["t2r32 step / proj_only step (tokens/s at 8192), batch 16"] == ("1.17", "pass")
+    assert got["t2r32 / softmax_kv tokens/s at 4096, batch 16"][1].startswith("n/a")
+    assert got["t2r32 step / floor step (tokens/s at 8192), batch 16"][1].startswith("n/a")
+    assert got["KV cache / t2r32 state at 4096 tokens, measured"] == ("260.00", "MISS")  # 3% off the theory
 
 
 def test_theory_ratio():
@@ -87,7 +110,7 @@ def test_theory_ratio():
 
 def test_peak_memory_counts_new_tensors_only():
     weight = torch.randn(256, 256)
-    with bench.PeakMemory() as pm:
+    with bench_tools.PeakMemory() as pm:
         a = torch.zeros(1024, 256)  # 1 MiB
         b = a @ weight  # another 1 MiB
         view = weight.t()  # a view of a tensor from before: nothing new
@@ -98,18 +121,23 @@ def test_peak_memory_counts_new_tensors_only():
     del c
 
 
-def test_bad_flags_are_one_line_errors(capsys):
-    for argv in (["--bogus"], ["--only", "nope"], ["--lengths", "1,x"], ["--models", "gpt"], ["--repeats", "0"]):
-        with pytest.raises(SystemExit) as exit_info:
-            bench.get_args(argv)
-        assert exit_info.value.code == 2
-        err = capsys.readouterr().err
-        assert len(err.strip().splitlines()) == 1 and err.startswith("error:"), err
+def test_explicit_flags_win_over_quick():
+    args = bench.get_args(["--quick", "--lengths", "16,8", "--out_dir", "elsewhere", "--repeats", "5"])
+    assert (args.lengths, args.s2s_lengths, args.out_dir, args.repeats) == ([8, 16], [8, 16], "elsewhere", 5)
+    assert bench.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
 
 
-def test_quick_defaults():
-    args = bench.get_args(["--quick"])
-    assert max(args.lengths) <= 256 and args.recompute_max <= max(args.lengths)
-    full = bench.get_args([])
-    assert full.lengths == [2 ** i for i in range(7, 14)] and full.batch_sizes == [1, 16]
-    assert full.s2s_lengths == full.lengths and full.s2s_batch == 16
+@pytest.mark.parametrize("argv, fragment", [
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--only", "nope"], "unknown section 'nope' in --only"),
+    (["--lengths", "1,x"], "expected comma-separated integers, got '1,x'"),
+    (["--lengths", "0"], "expected positive integers, got '0'"),
+    (["--models", "gpt"], "unknown model 'gpt' in --models"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--ckpt", "missing.pt"], "no checkpoint at missing.pt"),
+])
+def test_bad_input_is_a_one_line_error(argv, fragment, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_main(lambda: bench.main([*argv, "--out_dir", str(tmp_path)]))
+    assert_one_line_error(SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err), fragment)
+    assert not any(tmp_path.iterdir())  # nothing written
