@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from bench_tools import PeakMemory, StepTimer, cuda_reset, machine_line, memory_readings, value, write_all
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold, state_bytes
-from training import Parser, load_checkpoint, run_main
+from runtime import Parser, load_checkpoint, run_main
 
 # The language models: name -> (attention, feature size k, folded with Eq. 8, what it is).
 LM_MODELS = {

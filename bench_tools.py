@@ -14,8 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from data import atomic_write
-from training import write_csv
+from runtime import atomic_write, write_csv
 
 CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit", "device"]
 

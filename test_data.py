@@ -157,34 +157,54 @@ def rewrite_meta(folder, **changes):
 # -----------------------------------------------------------------------------
 # Folder datasets and their errors
 
-def test_folder_dataset_and_errors(tmp_path):
+def test_folder_dataset(tmp_path):
     corpus = write_corpus(tmp_path / "tiny")
     lm = data.prepare(corpus, cache_dir=str(tmp_path / "cache"))
     assert lm.vocab_size == 2 + 8  # <unk>, <eos>, 8 words
     assert len(lm.train) == 20 * (6 + 1 + 0 + 1 + 6 + 1)  # blank lines are an <eos> each
     assert lm.decode(lm.test) == "the mat sat on a cat\n"
+    print(f"folder dataset: vocabulary {lm.vocab_size}, train {len(lm.train)} tokens")
+
+
+def test_wikitext_file_names_are_accepted(tmp_path):
     wiki_style = write_corpus(tmp_path / "wiki", names=("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"))
     assert data.load_corpus(wiki_style)["valid"] == "the dog sat\na cat on the log\n"
-    print(f"folder dataset: vocabulary {lm.vocab_size}, train {len(lm.train)} tokens; wiki.*.tokens names accepted")
 
-    with pytest.raises(data.DataError) as error:
-        data.prepare(str(tmp_path / "missing"), cache_dir=str(tmp_path / "cache"))
-    assert_one_line(error.value, "missing", "--dataset ptb")
+
+def no_valid_split(corpus):
     os.remove(os.path.join(corpus, "valid.txt"))
-    with pytest.raises(data.DataError) as error:
-        data.load_corpus(corpus)
-    assert_one_line(error.value, "valid.txt")
+
+
+def empty_valid_split(corpus):
     open(os.path.join(corpus, "valid.txt"), "w").close()
-    with pytest.raises(data.DataError) as error:
-        data.load_corpus(corpus)
-    assert_one_line(error.value, "empty")
+
+
+def latin1_valid_split(corpus):
     open(os.path.join(corpus, "valid.txt"), "wb").write(b"caf\xe9\n")
+
+
+@pytest.mark.parametrize("damage, fragments", [
+    (no_valid_split, ["valid.txt"]),
+    (empty_valid_split, ["empty"]),
+    (latin1_valid_split, ["UTF-8"]),
+])
+def test_a_damaged_folder_is_a_one_line_error(tmp_path, damage, fragments):
+    corpus = write_corpus(tmp_path / "tiny")
+    damage(corpus)
     with pytest.raises(data.DataError) as error:
         data.load_corpus(corpus)
-    assert_one_line(error.value, "UTF-8")
+    assert_one_line(error.value, *fragments)
+
+
+@pytest.mark.parametrize("dataset, tokenizer, fragments", [
+    ("missing", "word", ["missing", "--dataset ptb"]),
+    ("tiny", "chars", ["word or bpe"]),
+])
+def test_bad_prepare_arguments_are_one_line_errors(tmp_path, dataset, tokenizer, fragments):
+    write_corpus(tmp_path / "tiny")
     with pytest.raises(data.DataError) as error:
-        data.prepare(corpus, tokenizer="chars", cache_dir=str(tmp_path / "cache"))
-    assert_one_line(error.value, "word or bpe")
+        data.prepare(str(tmp_path / dataset), tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"))
+    assert_one_line(error.value, *fragments)
 
 
 # -----------------------------------------------------------------------------
@@ -313,8 +333,8 @@ def test_eval_windows_score_every_token_once(n, context, score):
     print(f"n={n} context={context} score={score}: {len(windows)} windows, each token scored once")
 
 
-def test_eval_windows_rejects_bad_sizes():
-    for context, score in [(64, 0), (64, 65)]:
-        with pytest.raises(data.DataError) as error:
-            next(data.eval_windows(np.arange(100), context, score))
-        assert_one_line(error.value, "--eval_score")
+@pytest.mark.parametrize("context, score", [(64, 0), (64, 65)])
+def test_eval_windows_rejects_bad_sizes(context, score):
+    with pytest.raises(data.DataError) as error:
+        next(data.eval_windows(np.arange(100), context, score))
+    assert_one_line(error.value, "--eval_score")

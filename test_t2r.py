@@ -375,7 +375,8 @@ def test_autocast_parallel_keeps_linear_attention_in_float32():
             fq, fk, v = attention.features(torch.randn(2, 9, 16), torch.randn(2, 9, 16))
             low = model(tokens)
     assert fq.dtype == fk.dtype == v.dtype == torch.float32
-    report("bf16 autocast vs float32 logits", (low.float() - reference).abs().max())
+    # bf16 keeps 8 bits of mantissa (relative error ~4e-3 per rounding); logits here are O(1): 1.2e-2 measured
+    assert report("bf16 autocast vs float32 logits", (low.float() - reference).abs().max()) < 5e-2
 
 
 # -----------------------------------------------------------------------------

@@ -159,7 +159,6 @@ def make_optimizer(model, lr: float, weight_decay: float, device: torch.device):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8, fused=device.type == "cuda")
 
 
-
 def training_device(requested: str, ddp: Distributed) -> torch.device:
     """--device, or under torchrun with --device auto: this process's GPU (or the CPU)."""
     if ddp.enabled and requested == "auto":
@@ -176,6 +175,7 @@ class Task:
 
     SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
     generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
+    device = dtype = None  # where and in what precision the loop runs: set by train() and evaluate_finished()
 
     def __init__(self, args, ddp: Distributed):
         self.args, self.ddp = args, ddp
