@@ -50,6 +50,16 @@ def assert_one_line_error(result, *fragments):
     print(lines[0])
 
 
+def assert_flags_refused(get_args, argv, message, capsys):
+    """get_args(argv) exits with status 2 and one line on stderr, 'error: ...' containing message."""
+    with pytest.raises(SystemExit) as exit_info:
+        get_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert message in err, err
+    print(err.strip())
+
+
 def report(name, diff) -> float:
     """Print a maximum difference (the tests print every one they check) and return it as a float."""
     diff = float(diff.detach()) if torch.is_tensor(diff) else float(diff)

@@ -16,29 +16,25 @@ import torch
 
 import data
 from t2r import fold, state_bytes
-from runtime import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
+from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
+                     non_negative_float, non_negative_int, positive_int, run_main)
 
 
 def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
     p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
     p.add_argument("--prompt", default="the", help="text to continue (words outside the vocabulary become <unk>)")
-    p.add_argument("--num_tokens", type=int, default=100, help="tokens to generate per sample")
-    p.add_argument("--num_samples", type=int, default=1, help="samples, generated as one batch")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
-    p.add_argument("--top_k", type=int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
+    p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
+    p.add_argument("--top_k", type=non_negative_int, default=0, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, mps")
-    args = p.parse_args(argv)
-    if args.num_tokens < 1 or args.num_samples < 1:
-        p.error("--num_tokens and --num_samples must be at least 1")
-    if args.temperature < 0 or args.top_k < 0:
-        p.error("--temperature and --top_k must not be negative")
-    return args
+    p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
+    return p.parse_args(argv)
 
 
 def sample(logits, temperature: float, top_k: int, generator: torch.Generator):

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import csv
 import json
+import math
 import os
 import sys
 from contextlib import nullcontext
@@ -42,6 +43,48 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(2, f"error: {message} (see python {self.prog} --help)\n")
+
+
+# Flag types: the rule sits beside each flag (type=positive_int, ...), and argparse refuses a value that breaks
+# it with a one-line error before any work starts.
+
+def _number(kind, rule: str, holds):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and holds(value)):
+            raise argparse.ArgumentTypeError(f"{text} is not {rule}")
+        return value
+    parse.__name__ = rule  # argparse names the type in some messages
+    return parse
+
+
+positive_int = _number(int, "a positive integer", lambda v: v >= 1)
+non_negative_int = _number(int, "an integer >= 0", lambda v: v >= 0)
+positive_float = _number(float, "a positive finite number", lambda v: v > 0)
+non_negative_float = _number(float, "a finite number >= 0", lambda v: v >= 0)
+finite_float = _number(float, "a finite number", lambda v: True)
+fraction = _number(float, "in [0, 1)", lambda v: 0 <= v < 1)
+unit_interval = _number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
+
+
+def device_name(text: str) -> str:
+    """auto, cpu, cuda, cuda:N or mps, and only a device this machine has."""
+    if text == "auto":
+        return text
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no device: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no such CUDA device (use cpu or auto)")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no MPS device (use cpu or auto)")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise argparse.ArgumentTypeError(f"{text}: use auto, cpu, cuda, cuda:N or mps")
+    return text
 
 
 def print_config(title: str, values: dict):

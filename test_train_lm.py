@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
-from conftest import TINY, assert_one_line_error, run, run_two_processes, write_corpus
+import train_lm
+
+from conftest import TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
 
 
 def test_main_job_end_to_end(tmp_path, corpus):
@@ -125,14 +127,34 @@ def test_train_lm_refuses(trained, tmp_path, name, flags, message):
     assert_one_line_error(run("train_lm.py", *argv, cwd=tmp, check=False), message)
 
 
+def test_a_missing_dataset_is_a_one_line_error(tmp_path):
+    assert_one_line_error(run("train_lm.py", "--dataset", "missing", cwd=tmp_path, check=False), "missing")
+
+
 @pytest.mark.parametrize("argv, message", [
-    (["--dataset", "missing"], "missing"),
-    (["--no_such_flag"], "--help"),
-    (["--max_steps", "many"], "max_steps"),
-    (["--eval_score", "600"], "--eval_score"),
+    (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    (["--max_steps", "many"], "--max_steps: 'many' is not a number"),
+    (["--eval_score", "600"], "--eval_score must be between 1 and --eval_context"),
+    (["--n_layer", "0"], "--n_layer: 0 is not a positive integer"),
+    (["--n_head", "-1"], "--n_head: -1 is not a positive integer"),
+    (["--lr", "inf"], "--lr: inf is not a positive finite number"),
+    (["--lr", "nan"], "--lr: nan is not a positive finite number"),
+    (["--min_lr_ratio", "-5"], "--min_lr_ratio: -5 is not in [0, 1]"),
+    (["--dropout", "1"], "--dropout: 1 is not in [0, 1)"),
+    (["--log_interval", "0"], "--log_interval: 0 is not a positive integer"),
+    (["--eval_windows", "0"], "--eval_windows: 0 is not a positive integer"),
+    (["--chunk_size", "-1"], "--chunk_size: -1 is not an integer >= 0"),
+    (["--device", "foo"], "--device: 'foo' is no device"),
 ])
-def test_bad_flags_are_one_line_errors(tmp_path, argv, message):
-    assert_one_line_error(run("train_lm.py", *argv, cwd=tmp_path, check=False), message)
+def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
+    assert_flags_refused(train_lm.get_args, argv, message, capsys)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_on_a_machine_without_it_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        train_lm.get_args(["--device", "cuda"])
+    assert "no such CUDA device" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -16,8 +16,8 @@ import torch
 
 import mt_data
 import train_mt as train_mt_module
-from conftest import (MT_TINY, assert_one_line_error, report, run, run_two_processes, tiny_translator,
-                      write_parallel)
+from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
+                      tiny_translator, write_parallel)
 from mt_data import BOS_ID, EOS_ID
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -270,12 +270,23 @@ def test_a_truncated_teacher_is_corrupt(trained_translator, tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--dataset", "nope"], "unknown dataset"),
-    (["--no_such_flag"], "unrecognized arguments"),
-    (["--max_tokens", "10", "--max_len", "40"], "cannot hold one sentence"),
     (["--eval_only", "--out_dir", "none"], "no checkpoint"),
 ])
-def test_bad_flags_are_one_line_errors(tmp_path, argv, message):
+def test_bad_runs_are_one_line_errors(tmp_path, argv, message):
     assert_one_line_error(train_mt(*argv, cwd=tmp_path, check=False), message)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--no_such_flag"], "unrecognized arguments"),
+    (["--max_tokens", "10", "--max_len", "40"], "cannot hold one sentence"),
+    (["--lenpen", "nan"], "--lenpen: nan is not a finite number"),
+    (["--bleu_sentences", "-5"], "--bleu_sentences: -5 is not an integer >= 0"),
+    (["--max_len_a", "-1"], "--max_len_a: -1 is not a finite number >= 0"),
+    (["--max_len_b", "0"], "--max_len_b: 0 is not a positive integer"),
+    (["--label_smoothing", "1"], "--label_smoothing: 1 is not in [0, 1)"),
+])
+def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
+    assert_flags_refused(train_mt_module.get_args, argv, message, capsys)
 
 
 def test_ddp_gloo_two_processes(tmp_path):

@@ -138,7 +138,8 @@ def test_translate_file_equals_stdin(trained_translator, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--ckpt", "none/model.pt"], "no finished translator"),
     (["missing.txt", "--ckpt", STUDENT], "no such file"),
-    (["--ckpt", STUDENT, "--beam", "0"], "--beam"),
+    (["--ckpt", STUDENT, "--beam", "0"], "--beam: 0 is not a positive integer"),
+    (["--ckpt", STUDENT, "--lenpen", "nan"], "--lenpen: nan is not a finite number"),
 ])
 def test_translate_errors_are_one_line(trained_translator, argv, message):
     tmp, _, _ = trained_translator

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import data
-from runtime import Parser, UserError, all_reduce_sum, autocast_context, model_from_checkpoint, run_main
+from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, model_from_checkpoint,
+                     non_negative_int, positive_int, run_main, unit_interval)
 from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
 from training import (Task, add_data_flags, add_model_flags, adopt_saved_run, add_run_flags, check_teacher, get_lr, load_teacher, main_job,
                       resolve_run_flags, student_of)
@@ -49,22 +50,22 @@ def get_args(argv=None):
     g = add_data_flags(p, "ptb", "ptb (offline default), wikitext103, or a folder of train/valid/test text files",
                        "where the dataset lives or is downloaded (wikitext103: data/wikitext103)")
     g.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="word-level (the paper's setting) or BPE")
-    g.add_argument("--vocab_size", type=int, default=8000, help="BPE vocabulary size (word level uses every training word)")
+    g.add_argument("--vocab_size", type=positive_int, default=8000, help="BPE vocabulary size (word level uses every training word)")
     g.add_argument("--cache_dir", default="data/cache", help="where token ids are cached as numpy memmaps")
     g = add_model_flags(p, dict(n_layer=4, n_head=4, d_model=256, d_ff="4 * d_model"), dropout=0.3, feature_size=32)
     g.add_argument("--preset", default=None, choices=sorted(PRESETS), help="the paper's WikiText-103 model (32 layers, 1024/4096)")
-    g.add_argument("--layer_dropout", type=float, default=0.0, help="LayerDrop: probability of skipping a layer in training")
-    g.add_argument("--keep_softmax_every", type=int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
+    g.add_argument("--layer_dropout", type=fraction, default=0.0, help="LayerDrop: probability of skipping a layer in training")
+    g.add_argument("--keep_softmax_every", type=non_negative_int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
     g.add_argument("--freeze_feature_map", action="store_true", help="finetune with the feature-map MLP frozen (the paper's 'T2R MLP frozen' analysis)")
     g = add_run_flags(p, SCHEDULES, weight_decay=0.01, log_interval=25, eval_interval=250)
-    g.add_argument("--batch_size", type=int, default=8, help="sequences per micro-batch (per process)")
-    g.add_argument("--block_size", type=int, default=512, help="tokens per training sequence")
-    g.add_argument("--min_lr_ratio", type=float, default=0.1, help="final learning rate as a fraction of the peak")
+    g.add_argument("--batch_size", type=positive_int, default=8, help="sequences per micro-batch (per process)")
+    g.add_argument("--block_size", type=positive_int, default=512, help="tokens per training sequence")
+    g.add_argument("--min_lr_ratio", type=unit_interval, default=0.1, help="final learning rate as a fraction of the peak")
     g = p.add_argument_group("evaluation")
-    g.add_argument("--eval_windows", type=int, default=40, help="validation windows used by the periodic evaluation (the final one uses all)")
-    g.add_argument("--eval_context", type=int, default=512, help="tokens of context per evaluation window")
-    g.add_argument("--eval_score", type=int, default=256, help="tokens scored at the end of each window (stride)")
-    g.add_argument("--eval_batch_size", type=int, default=8, help="windows per evaluation batch")
+    g.add_argument("--eval_windows", type=positive_int, default=40, help="validation windows used by the periodic evaluation (the final one uses all)")
+    g.add_argument("--eval_context", type=positive_int, default=512, help="tokens of context per evaluation window")
+    g.add_argument("--eval_score", type=positive_int, default=256, help="tokens scored at the end of each window (stride)")
+    g.add_argument("--eval_batch_size", type=positive_int, default=8, help="windows per evaluation batch")
     args = adopt_saved_run(p, argv, RUN_CONTROL, default_out_dir)
     if args.preset:
         preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
@@ -72,9 +73,6 @@ def get_args(argv=None):
             if key not in args.explicit:
                 setattr(args, key, value)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=10, default_out_dir=default_out_dir)
-    for name in ("batch_size", "block_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
     if not 0 < args.eval_score <= args.eval_context:
         p.error("--eval_score must be between 1 and --eval_context")
     return args

@@ -22,11 +22,12 @@ import torch.nn.functional as F
 
 import mt_data
 from mt_data import PAD_ID
-from runtime import Parser, UserError, all_reduce_sum, autocast_context, model_from_checkpoint, run_main, save_checkpoint
+from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, model_from_checkpoint,
+                     non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
 from training import (Task, add_data_flags, add_model_flags, adopt_saved_run, add_run_flags, check_teacher, get_lr_inverse_sqrt, load_teacher,
                       main_job, resolve_run_flags, student_of)
-from translate import add_decoding_flags, check_decoding_flags, evaluate_bleu, inference_model
+from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
 # and the number of updates (30K -> 20K), with the same inverse square-root warmup.
@@ -46,26 +47,20 @@ def get_args(argv=None):
                        "where the corpus is fetched and prepared (default data/mt/<dataset>)")
     g.add_argument("--src", default="en", help="source language (libreoffice: en or de)")
     g.add_argument("--tgt", default="de", help="target language")
-    g.add_argument("--vocab_size", type=int, default=8000, help="joint BPE vocabulary size (source and target share it)")
-    g.add_argument("--max_len", type=int, default=128, help="training pairs with a side longer than this (tokens) are skipped")
+    g.add_argument("--vocab_size", type=positive_int, default=8000, help="joint BPE vocabulary size (source and target share it)")
+    g.add_argument("--max_len", type=positive_int, default=128, help="training pairs with a side longer than this (tokens) are skipped")
     g = add_model_flags(p, MODEL_DEFAULTS, dropout=0.1, feature_size=4)  # the paper: dropout 0.3
-    g.add_argument("--n_encoder_layer", type=int, default=None, help="encoder layers (default 3; the encoder is always softmax)")
-    g.add_argument("--cross_feature_size", type=int, default=32, help="k of the decoder's cross attention")
+    g.add_argument("--n_encoder_layer", type=positive_int, default=None, help="encoder layers (default 3; the encoder is always softmax)")
+    g.add_argument("--cross_feature_size", type=positive_int, default=32, help="k of the decoder's cross attention")
     g = add_run_flags(p, SCHEDULES, weight_decay=0.0, log_interval=50, eval_interval=100)
-    g.add_argument("--max_tokens", type=int, default=2048, help="tokens (padding included) per batch, source or target side")
-    g.add_argument("--label_smoothing", type=float, default=0.1, help="label smoothing epsilon")
-    g.add_argument("--average_last", type=int, default=5, help="the final model averages the last N snapshots (1: the last weights)")
-    g.add_argument("--snapshot_interval", type=int, default=20, help="steps between the snapshots that --average_last averages")
+    g.add_argument("--max_tokens", type=positive_int, default=2048, help="tokens (padding included) per batch, source or target side")
+    g.add_argument("--label_smoothing", type=fraction, default=0.1, help="label smoothing epsilon")
+    g.add_argument("--average_last", type=positive_int, default=5, help="the final model averages the last N snapshots (1: the last weights)")
+    g.add_argument("--snapshot_interval", type=positive_int, default=20, help="steps between the snapshots that --average_last averages")
     g = add_decoding_flags(p)  # for the BLEU of the final model
-    g.add_argument("--bleu_sentences", type=int, default=0, help="score only the first N valid/test sentences (0: all)")
+    g.add_argument("--bleu_sentences", type=non_negative_int, default=0, help="score only the first N valid/test sentences (0: all)")
     args = adopt_saved_run(p, argv, RUN_CONTROL, default_out_dir)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
-    check_decoding_flags(args, p)
-    for name in ("max_tokens", "average_last", "snapshot_interval", "max_len", "vocab_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1")
-    if not 0 <= args.label_smoothing < 1:
-        p.error("--label_smoothing must be in [0, 1)")
     if args.max_tokens < args.max_len + 1:
         p.error(f"--max_tokens {args.max_tokens} cannot hold one sentence of --max_len {args.max_len}")
     return args

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from runtime import (Distributed, UserError, autocast_context, explicit_flags, gather_rng, get_device, load_checkpoint,
-                     make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint, serializable, set_rng_state,
+from runtime import (Distributed, UserError, autocast_context, device_name, explicit_flags, fraction, gather_rng,
+                     get_device, load_checkpoint, make_scaler, non_negative_float, non_negative_int, positive_float,
+                     positive_int, print_config, resolve_dtype, rng_state, save_checkpoint, serializable, set_rng_state,
                      setup_distributed, take_saved_flags, unwrap, write_json)
 from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
 
@@ -50,14 +51,14 @@ def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
 def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     """The model flags both trainers share; returns their group, for the trainer's own."""
     g = p.add_argument_group("model (ignored with --init pretrained: the teacher's sizes are used)")
-    g.add_argument("--n_layer", type=int, default=None, help=f"(decoder) layers (default {defaults['n_layer']})")
-    g.add_argument("--n_head", type=int, default=None, help=f"attention heads r (default {defaults['n_head']})")
-    g.add_argument("--d_model", type=int, default=None, help=f"model width h (default {defaults['d_model']})")
-    g.add_argument("--d_ff", type=int, default=None, help=f"feed-forward width (default {defaults['d_ff']})")
-    g.add_argument("--dropout", type=float, default=dropout, help="dropout on embeddings, sublayers and the feed-forward layer")
+    g.add_argument("--n_layer", type=positive_int, default=None, help=f"(decoder) layers (default {defaults['n_layer']})")
+    g.add_argument("--n_head", type=positive_int, default=None, help=f"attention heads r (default {defaults['n_head']})")
+    g.add_argument("--d_model", type=positive_int, default=None, help=f"model width h (default {defaults['d_model']})")
+    g.add_argument("--d_ff", type=positive_int, default=None, help=f"feed-forward width (default {defaults['d_ff']})")
+    g.add_argument("--dropout", type=fraction, default=dropout, help="dropout on embeddings, sublayers and the feed-forward layer")
     g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged: a control)")
-    g.add_argument("--feature_size", type=int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
-    g.add_argument("--chunk_size", type=int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
+    g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
+    g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
     return g
 
 
@@ -68,23 +69,23 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing)")
     g = p.add_argument_group("training")
     r, f = schedules["random"], schedules["pretrained"]
-    g.add_argument("--max_steps", type=int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
-    g.add_argument("--grad_accum", type=int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default {r['lr']:g} random, {f['lr']:g} pretrained)")
-    g.add_argument("--warmup_steps", type=int, default=None, help="warmup steps (default: a fraction of max_steps)")
-    g.add_argument("--weight_decay", type=float, default=weight_decay, help="AdamW weight decay on matrices")
-    g.add_argument("--grad_clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
+    g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
+    g.add_argument("--grad_accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=positive_float, default=None, help=f"peak learning rate (default {r['lr']:g} random, {f['lr']:g} pretrained)")
+    g.add_argument("--warmup_steps", type=positive_int, default=None, help="warmup steps (default: a fraction of max_steps)")
+    g.add_argument("--weight_decay", type=non_negative_float, default=weight_decay, help="AdamW weight decay on matrices")
+    g.add_argument("--grad_clip", type=non_negative_float, default=1.0, help="clip the gradient norm (0: off)")
     g.add_argument("--seed", type=int, default=1337, help="seed of the initialisation, dropout and batch order")
-    g.add_argument("--stop_at", type=int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
+    g.add_argument("--stop_at", type=non_negative_int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
     s = p.add_argument_group("system")
     s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default out/<dataset>-<attn>-<init>)")
     s.add_argument("--resume", action="store_true", help="continue the run in <out_dir> exactly where it stopped")
     s.add_argument("--eval_only", action="store_true", help="evaluate <out_dir>/model.pt on valid and test, then exit")
-    s.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    s.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
     s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto: bf16/fp16 on CUDA, fp32 on CPU)")
     s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: on for CUDA, off on CPU)")
-    s.add_argument("--log_interval", type=int, default=log_interval, help="steps between log lines")
-    s.add_argument("--eval_interval", type=int, default=eval_interval, help="steps between evaluations and checkpoints")
+    s.add_argument("--log_interval", type=positive_int, default=log_interval, help="steps between log lines")
+    s.add_argument("--eval_interval", type=positive_int, default=eval_interval, help="steps between evaluations and checkpoints")
     return g
 
 
@@ -110,11 +111,6 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
     args.pretrained_given = "pretrained" in args.explicit
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
-    if not args.lr > 0:
-        parser.error("--lr must be positive")
-    for name in ("max_steps", "warmup_steps", "grad_accum", "eval_interval"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
     return args
 
 

@@ -22,7 +22,8 @@ from tqdm import tqdm
 import mt_data
 from mt_data import BOS_ID, EOS_ID, PAD_ID
 from t2r import fold, reorder_state
-from runtime import Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, run_main
+from runtime import (Parser, UserError, device_name, finite_float, get_device, load_checkpoint, model_from_checkpoint,
+                     non_negative_float, positive_int, run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -240,28 +241,21 @@ def load_translator(path: str):
 def add_decoding_flags(p):
     """The decoding flags, shared with train_mt.py (which decodes for its BLEU scores); returns their group."""
     g = p.add_argument_group("decoding")
-    g.add_argument("--beam", type=int, default=5, help="beam size (1: greedy decoding)")
-    g.add_argument("--lenpen", type=float, default=0.6, help="length penalty: hypotheses are ranked by log p / length^lenpen")
-    g.add_argument("--max_len_a", type=float, default=1.5, help="a hypothesis has at most a * source length + b tokens")
-    g.add_argument("--max_len_b", type=int, default=10, help="see --max_len_a")
-    g.add_argument("--decode_batch_size", type=int, default=64, help="sentences decoded together")
+    g.add_argument("--beam", type=positive_int, default=5, help="beam size (1: greedy decoding)")
+    g.add_argument("--lenpen", type=finite_float, default=0.6, help="length penalty: hypotheses are ranked by log p / length^lenpen")
+    g.add_argument("--max_len_a", type=non_negative_float, default=1.5, help="a hypothesis has at most a * source length + b tokens")
+    g.add_argument("--max_len_b", type=positive_int, default=10, help="see --max_len_a")
+    g.add_argument("--decode_batch_size", type=positive_int, default=64, help="sentences decoded together")
     return g
-
-
-def check_decoding_flags(args, parser):
-    if args.beam < 1 or args.decode_batch_size < 1:
-        parser.error("--beam and --decode_batch_size must be at least 1")
 
 
 def get_args(argv=None):
     p = Parser(prog="translate.py", description="Translate text with a model.pt written by train_mt.py.")
     p.add_argument("input", nargs="?", default="-", help="file to translate, one sentence per line (- or none: stdin)")
     p.add_argument("--ckpt", default="out/mt-libreoffice-en-de-t2r-pretrained/model.pt", help="model.pt of train_mt.py")
-    p.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
     add_decoding_flags(p)
-    args = p.parse_args(argv)
-    check_decoding_flags(args, p)
-    return args
+    return p.parse_args(argv)
 
 
 def read_lines(path: str) -> list:
