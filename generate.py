@@ -16,6 +16,8 @@ import torch
 
 import data
 from t2r import fold, state_bytes
+from train_lm import data_identity
+from training import check_identity
 from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
                      non_negative_float, non_negative_int, positive_int, run_main)
 
@@ -49,34 +51,37 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
 
 
 @torch.no_grad()
-def generate_recurrent(model, prompt, num_tokens, pick, on_token=None):
-    """The RNN way: feed each token once; the state carries the prefix. Returns tokens, logits, state."""
+def generate_recurrent(model, prompt, num_tokens, pick, on_token=None, keep_logits=False):
+    """The RNN way: feed each token once; the state carries the prefix. Returns tokens, the logits of every
+    step (only with keep_logits, for --check: they cost 4 x vocabulary bytes a token), and the state."""
     state = model.init_state(prompt.shape[0])
     for t in range(prompt.shape[1] - 1):  # prefill: the prompt's own predictions are not needed
         model.step(prompt[:, t], state)
-    token, tokens, all_logits = prompt[:, -1], [], []
-    for _ in range(num_tokens):
+    token, all_logits = prompt[:, -1], []
+    tokens = torch.empty(prompt.shape[0], num_tokens, dtype=torch.long, device=prompt.device)  # 8 bytes a token
+    for t in range(num_tokens):
         logits, state = model.step(token, state)
-        token = pick(logits)
-        tokens.append(token)
-        all_logits.append(logits)
+        token = tokens[:, t] = pick(logits)
+        if keep_logits:
+            all_logits.append(logits)
         if on_token:
             on_token(token)
-    return torch.stack(tokens, 1), torch.stack(all_logits, 1), state
+    return tokens, torch.stack(all_logits, 1) if keep_logits else None, state
 
 
 @torch.no_grad()
-def generate_recompute(model, prompt, num_tokens, pick, on_token=None):
+def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep_logits=False):
     """The transformer way without a cache: run the whole sequence again for every new token."""
     sequence, all_logits = prompt, []
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
         sequence = torch.cat([sequence, token[:, None]], dim=1)
-        all_logits.append(logits)
+        if keep_logits:
+            all_logits.append(logits)
         if on_token:
             on_token(token)
-    return sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1), None
+    return sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1) if keep_logits else None, None
 
 
 def load_tokenizer(checkpoint):
@@ -103,6 +108,7 @@ def main():
     if lm.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
                         f"its data cache changed; retrain or restore the cache")
+    check_identity(checkpoint, {"tokenizer": data_identity(lm)["tokenizer"]}, args.ckpt)  # same words, same ids
     ids = lm.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give at least one word to continue")
@@ -128,7 +134,7 @@ def main():
     print(lm.decode(ids), end="", flush=True)
     run = generate_recurrent if args.mode == "recurrent" else generate_recompute
     start = time.time()
-    tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream)
+    tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream, keep_logits=args.check)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - start

@@ -216,9 +216,16 @@ def folder_corpus(folder: Path, src_lang: str, tgt_lang: str) -> dict:
             if not path.is_file():
                 raise DataError(f"{path} is missing: a folder corpus needs train, valid and test files named "
                                 f"<split>.{src_lang} and <split>.{tgt_lang} with one sentence a line")
-        sides = [path.read_text(encoding="utf-8").splitlines() for path in paths]
+        sides = [read_utf8(path).splitlines() for path in paths]
         corpus[split] = aligned(sides[0], sides[1], f"{folder}/{split}.{{{src_lang},{tgt_lang}}}")
     return corpus
+
+
+def read_utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path} is not UTF-8 (byte {error.start}): convert it, e.g. iconv -f latin1 -t utf-8") from None
 
 
 def aligned(src_lines: list[str], tgt_lines: list[str], name: str) -> list[tuple[str, str]]:

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import copy
 import csv
+import hashlib
 import json
 import math
 import os
@@ -29,6 +30,10 @@ class UserError(Exception):
     """Bad input (flags, data, checkpoint): main() prints the one-line message and exits with status 2."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C during training: the run saved its checkpoint and stops (exit status 130, as for SIGINT)."""
+
+
 def run_main(main):
     """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback."""
     try:
@@ -36,6 +41,9 @@ def run_main(main):
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as message:
+        print(message, file=sys.stderr)
+        sys.exit(130)
 
 
 class Parser(argparse.ArgumentParser):
@@ -103,24 +111,34 @@ def serializable(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
 
-def take_saved_flags(args, out_dir: str, run_control: set):
-    """--resume and --eval_only continue the run in out_dir: every flag not given now is the run's own.
-    A given flag that contradicts the run is an error for --resume (it could not continue exactly)."""
+def take_saved_flags(args, out_dir: str, invocation: set):
+    """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
+    now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
+    (where to run it, when to stop) belong to this invocation alone."""
     saved_path = os.path.join(out_dir, "args.json")
     if os.path.isfile(saved_path):
-        with open(saved_path) as f:
-            saved = json.load(f)
+        try:
+            with open(saved_path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as error:
+            raise UserError(f"{saved_path} is unreadable ({type(error).__name__}): restore it, or delete it to "
+                            f"take the flags from {out_dir}/ckpt.pt") from None
     else:
         saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
     for name, value in saved.items():
-        if name in run_control or not hasattr(args, name):
+        if name in invocation or not hasattr(args, name):
             continue
         if name not in args.explicit:
             setattr(args, name, value)
-        elif args.resume and value != getattr(args, name):
-            raise UserError(f"--resume: {out_dir} was trained with --{name} {value}, the flags say "
-                            f"{getattr(args, name)}: drop the flag to continue that run, or pick another --out_dir")
+        elif value != getattr(args, name):
+            raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
+                            f"drop the flag to continue or evaluate that run, or pick another --out_dir")
     args.out_dir = out_dir
+
+
+def fingerprint(text: str) -> str:
+    """A short hash that tells two tokenizers or corpora apart."""
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 # -----------------------------------------------------------------------------
@@ -247,9 +265,13 @@ def atomic_write(path: str | Path) -> Iterator[str]:
 
 
 def save_checkpoint(path: str, checkpoint: dict):
-    """An interrupted save never leaves a half checkpoint (atomic_write)."""
-    with atomic_write(path) as tmp:
-        torch.save(checkpoint, tmp)
+    """An interrupted or failed save never leaves a half checkpoint (atomic_write): the last one stays."""
+    try:
+        with atomic_write(path) as tmp:
+            torch.save(checkpoint, tmp)
+    except (OSError, RuntimeError) as error:  # a full disk, a read-only folder (torch.save raises either)
+        raise UserError(f"could not write {path} ({str(error).splitlines()[0][:120]}): free some space or make the "
+                        f"folder writable, then --resume; the last complete checkpoint is kept") from None
 
 
 def write_json(path: str, values: dict):
@@ -273,8 +295,8 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
         raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
                         f"delete it and retrain, or restore a good copy") from None
-    if not isinstance(checkpoint, dict) or "model" not in checkpoint or "config" not in checkpoint:
-        raise UserError(f"{path} is not a t2r checkpoint (no model or config in it)")
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict) or "model" not in checkpoint:
+        raise UserError(f"{path} is not a t2r checkpoint (no model, or no config dict, in it)")
     return checkpoint
 
 

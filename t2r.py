@@ -55,6 +55,11 @@ class Config:
     pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
 
     def __post_init__(self):
+        for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
+                            ("n_encoder_layer", 0), ("chunk_size", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r} must be an integer >= {least}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if isinstance(self.attn, (list, tuple)):

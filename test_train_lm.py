@@ -5,13 +5,20 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
 """
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
+import generate
+import runtime
 import train_lm
+from t2r import Config, TransformerLM, fold
 
-from conftest import TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
+from conftest import ROOT, TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
 
 
 def test_main_job_end_to_end(tmp_path, corpus):
@@ -164,3 +171,162 @@ def test_cuda_on_a_machine_without_it_is_refused(capsys):
 def test_generate_refuses(trained, argv, message):
     tmp, _ = trained
     assert_one_line_error(run("generate.py", *argv, cwd=tmp, check=False), message)
+
+
+# -----------------------------------------------------------------------------
+# A run is one run: resumed whole, on the same data, by one trainer at a time; nothing silent, nothing lost
+
+SMALL = [*TINY, "--max_steps", "8"]
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def assert_same_weights(a, b):
+    a, b = weights(a), weights(b)
+    diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+    print(f"max |straight - resumed| parameter = {diff}")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_restores_every_flag_of_the_run(tmp_path, corpus):
+    """Evaluation, logging and precision are the run's too: a bf16 run resumed without flags stays bf16."""
+    flags = ["--dataset", corpus, *SMALL, "--dtype", "bfloat16", "--eval_context", "24", "--log_interval", "3"]
+    run("train_lm.py", *flags, "--out_dir", "straight", cwd=tmp_path)
+    run("train_lm.py", *flags, "--out_dir", "split", "--stop_at", "3", cwd=tmp_path)
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
+    saved = json.loads((tmp_path / "split/args.json").read_text())
+    assert (saved["dtype"], saved["eval_context"], saved["log_interval"]) == ("bfloat16", 24, 3)
+    assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
+
+
+def test_another_flag_on_resume_is_refused(tmp_path, corpus):
+    run("train_lm.py", "--dataset", corpus, *SMALL, "--stop_at", "2", "--out_dir", "r", cwd=tmp_path)
+    result = run("train_lm.py", "--resume", "--out_dir", "r", "--eval_context", "16", cwd=tmp_path, check=False)
+    assert_one_line_error(result, "trained with --eval_context 32")
+
+
+def reorder_vocabulary(corpus):
+    """Append lines of frequent words: the vocabulary keeps its size, but word ids (by frequency) change."""
+    with open(os.path.join(corpus, "train.txt"), "a") as f:
+        f.write("w39 w38 w37 w36\n" * 300)
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("train_lm.py", ["--resume", "--out_dir", "r"]),
+    ("train_lm.py", ["--eval_only", "--out_dir", "r"]),
+    ("generate.py", ["--ckpt", "r/model.pt"]),
+])
+def test_a_run_on_changed_data_is_refused(tmp_path, corpus, script, argv):
+    run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp_path)
+    reorder_vocabulary(corpus)
+    assert_one_line_error(run(script, *argv, cwd=tmp_path, check=False), "trained on another")
+
+
+def test_a_changed_process_count_on_resume_is_refused(tmp_path, corpus):
+    run("train_lm.py", "--dataset", corpus, *SMALL, "--stop_at", "2", "--out_dir", "r", cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             os.path.join(ROOT, "train_lm.py"), "--resume", "--out_dir", "r"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode != 0 and "was trained by 1 processes, this run has 2" in result.stderr
+
+
+def test_a_second_trainer_on_the_same_out_dir_is_refused(tmp_path, corpus):
+    first = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_lm.py"), "--dataset", corpus, *TINY,
+                              "--max_steps", "100000", "--out_dir", "r"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert "parameters" in next(line for line in first.stdout if line.startswith("parameters"))  # it holds the lock
+        second = run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp_path, check=False)
+        assert_one_line_error(second, "another run is using r")
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_ctrl_c_saves_and_the_resumed_run_is_exact(tmp_path, corpus):
+    flags = ["--dataset", corpus, *TINY, "--max_steps", "40", "--eval_interval", "40"]
+    run("train_lm.py", *flags, "--out_dir", "straight", cwd=tmp_path)
+    interrupted = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_lm.py"), *flags, "--out_dir", "split"],
+                                   cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    next(line for line in interrupted.stdout if line.startswith("step 2/"))  # training has begun
+    interrupted.send_signal(signal.SIGINT)
+    _, err = interrupted.communicate(timeout=120)
+    print(err.strip())
+    assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
+    assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
+
+
+def test_a_loss_that_turns_nan_stops_without_saving(tmp_path, corpus):
+    result = run("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "20", "--lr", "1e30", "--grad_clip", "0",
+                 "--out_dir", "r", cwd=tmp_path, check=False)
+    assert_one_line_error(result, "NaN or inf")
+    assert not (tmp_path / "r/ckpt.pt").exists()  # no NaN weights were saved (the first save was due at step 4)
+
+
+def test_a_nan_teacher_is_not_converted(trained, tmp_path):
+    tmp, corpus = trained
+    teacher = torch.load(tmp / "out/tiny-softmax-random/model.pt", weights_only=True)
+    next(iter(teacher["model"].values())).fill_(float("nan"))
+    torch.save(teacher, tmp_path / "nan.pt")
+    result = run("train_lm.py", "--init", "pretrained", "--pretrained", str(tmp_path / "nan.pt"), "--dataset", corpus,
+                 *SMALL, "--out_dir", str(tmp_path / "x"), cwd=tmp, check=False)
+    assert_one_line_error(result, "NaN or inf weights")
+
+
+@pytest.mark.parametrize("config", [{"n_head": 0}, "a string"])
+def test_a_hand_made_checkpoint_with_a_bad_config_is_refused(tmp_path, config):
+    if isinstance(config, dict):
+        config = {**Config(vocab_size=10, n_layer=1, d_model=8, n_head=2).to_dict(), **config}
+    torch.save({"model": {}, "config": config}, tmp_path / "bad.pt")
+    assert_one_line_error(run("generate.py", "--ckpt", "bad.pt", cwd=tmp_path, check=False), "bad.pt")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda out: (out / "args.json").write_text(""), "args.json is unreadable"),
+    (lambda out: (out / "args.json").write_text("{"), "args.json is unreadable"),
+])
+def test_a_damaged_run_folder_is_a_one_line_error(tmp_path, corpus, damage, message):
+    run("train_lm.py", "--dataset", corpus, *SMALL, "--stop_at", "2", "--out_dir", "r", cwd=tmp_path)
+    damage(tmp_path / "r")
+    assert_one_line_error(run("train_lm.py", "--resume", "--out_dir", "r", cwd=tmp_path, check=False), message)
+
+
+def test_an_out_dir_that_is_a_file_is_refused(tmp_path, corpus):
+    (tmp_path / "taken").write_text("")
+    result = run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "taken", cwd=tmp_path, check=False)
+    assert_one_line_error(result, "cannot write to --out_dir taken")
+
+
+def test_a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    runtime.save_checkpoint(str(path), {"step": 1})
+
+    def full_disk(obj, f):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(runtime.UserError, match="No space left"):
+        runtime.save_checkpoint(str(path), {"step": 2})
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True) == {"step": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_generation_memory_does_not_grow_with_the_length():
+    """The RNN's promise: the same memory at 10,000 generated tokens as at 500 (logits are kept only for
+    --check, tokens in one preallocated tensor). Keeping the logits would take 4 x 5000 bytes a token."""
+    torch.manual_seed(0)
+    model = fold(TransformerLM(Config(vocab_size=5000, n_layer=1, n_head=1, d_model=8, d_ff=8, attn="t2r",
+                                      feature_size=4, dropout=0.0)).eval())
+    prompt = torch.tensor([[1]])
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    generate.generate_recurrent(model, prompt, 500, lambda logits: logits.argmax(-1))
+    before = rss()
+    tokens, logits, _ = generate.generate_recurrent(model, prompt, 10_000, lambda logits: logits.argmax(-1))
+    growth = rss() - before
+    print(f"RSS growth from 500 to 10,000 tokens: {growth / 2**20:.2f} MiB (logits kept: {logits})")
+    assert tokens.shape == (1, 10_000) and logits is None and growth < 20 * 2**20

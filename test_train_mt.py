@@ -219,9 +219,9 @@ def test_softmax_control_continues_the_teacher(trained_translator, tmp_path):
     assert control["config"]["attn"] == "softmax" and control["config"]["cross_attn"] == "softmax"
 
 
-def test_resume_is_exact(tmp_path):
+def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
-    common = ["--dataset", corpus, "--max_steps", "8", *MT_TINY, "--bleu_sentences", "2", "--attn", "elu"]
+    common = ["--dataset", corpus, "--max_steps", "8", *MT_TINY, "--bleu_sentences", "2", "--attn", "elu", "--beam", "2"]
     train_mt(*common, "--out_dir", "straight", cwd=tmp_path)
     stopped = train_mt(*common, "--out_dir", "resumed", "--stop_at", "3", cwd=tmp_path)
     assert "continue with --resume" in stopped.stdout
@@ -230,6 +230,26 @@ def test_resume_is_exact(tmp_path):
     b = torch.load(tmp_path / "resumed/ckpt.pt", weights_only=True)
     diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
     assert report("resumed vs straight weights", diff) == 0 and a["best_val"] == b["best_val"]
+    results = json.loads((tmp_path / "resumed/results.json").read_text())
+    assert results["beam"] == 2 and results["test"]["sentences"] == 2  # the run's decoding flags, not defaults
+
+
+def test_a_truncated_snapshot_is_a_one_line_error(tmp_path):
+    corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
+    train_mt("--dataset", corpus, "--max_steps", "6", *MT_TINY, "--stop_at", "5", "--out_dir", "r", cwd=tmp_path)
+    snapshot = sorted((tmp_path / "r").glob("snapshot_*.pt"))[-1]
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    result = train_mt("--resume", "--out_dir", "r", cwd=tmp_path, check=False)
+    assert_one_line_error(result, f"snapshot r/{snapshot.name} is unreadable")
+
+
+def test_a_latin1_corpus_is_a_one_line_error(tmp_path):
+    corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
+    with open(os.path.join(corpus, "train.en"), "ab") as f:
+        f.write(b"caf\xe9\n")
+    with open(os.path.join(corpus, "train.de"), "a") as f:
+        f.write("Kaffee\n")
+    assert_one_line_error(train_mt("--dataset", corpus, cwd=tmp_path, check=False), "train.en is not UTF-8")
 
 
 def teacher_flags(tmp, corpus, out_dir, pretrained="out/mt-toy-en-de-softmax-random/model.pt"):

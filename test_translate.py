@@ -4,13 +4,17 @@
     python -m pytest -q -s test_translate.py
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 import mt_data
 import t2r
 import translate
-from conftest import assert_one_line_error, report, run, tiny_translator
+from conftest import ROOT, assert_one_line_error, report, run, tiny_translator
 from mt_data import EOS_ID, PAD_ID
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -144,3 +148,18 @@ def test_translate_file_equals_stdin(trained_translator, tmp_path):
 def test_translate_errors_are_one_line(trained_translator, argv, message):
     tmp, _, _ = trained_translator
     assert_one_line_error(run("translate.py", *argv, cwd=tmp, check=False, stdin=""), message)
+
+
+def test_a_folder_with_only_model_pt_translates(trained_translator, tmp_path):
+    tmp, _, _ = trained_translator
+    (tmp_path / "model.pt").write_bytes((tmp / STUDENT).read_bytes())  # the documented artifact, alone
+    out = run("translate.py", "--ckpt", str(tmp_path / "model.pt"), cwd=tmp_path, stdin="w1 w2\n")
+    assert len(out.stdout.splitlines()) == 1
+
+
+def test_latin1_input_is_a_one_line_error(trained_translator):
+    tmp, _, _ = trained_translator
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "--ckpt", STUDENT], cwd=tmp,
+                            input=b"caf\xe9\n", capture_output=True, timeout=300)
+    err = result.stderr.decode()
+    assert result.returncode == 2 and err.startswith("error: stdin is not UTF-8") and len(err.splitlines()) == 1, err

@@ -14,17 +14,18 @@ The loop itself is training.train; this file says what is particular to a langua
 """
 
 import itertools
+import json
 import os
 
 import torch
 import torch.nn.functional as F
 
 import data
-from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, model_from_checkpoint,
-                     non_negative_int, positive_int, run_main, unit_interval)
+from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
+                     model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
-from training import (Task, add_data_flags, add_model_flags, adopt_saved_run, add_run_flags, check_teacher, get_lr, load_teacher, main_job,
-                      resolve_run_flags, student_of)
+from training import (Task, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, get_lr,
+                      load_teacher, main_job, resolve_run_flags, student_of)
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -41,8 +42,6 @@ SCHEDULES = {
     "random": dict(max_steps=1200, lr=1e-3),
     "pretrained": dict(max_steps=600, lr=5e-4),
 }
-# Flags of this script that steer one invocation only (see training.RUN_CONTROL).
-RUN_CONTROL = {"eval_windows", "eval_batch_size", "eval_context", "eval_score"}
 
 
 def get_args(argv=None):
@@ -66,7 +65,7 @@ def get_args(argv=None):
     g.add_argument("--eval_context", type=positive_int, default=512, help="tokens of context per evaluation window")
     g.add_argument("--eval_score", type=positive_int, default=256, help="tokens scored at the end of each window (stride)")
     g.add_argument("--eval_batch_size", type=positive_int, default=8, help="windows per evaluation batch")
-    args = adopt_saved_run(p, argv, RUN_CONTROL, default_out_dir)
+    args = adopt_saved_run(p, argv, default_out_dir)
     if args.preset:
         preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
         for key, value in preset.items():
@@ -106,7 +105,7 @@ class LMTask(Task):
             raise UserError(f"the training split has {len(self.data.train)} tokens, not more than --block_size "
                             f"{args.block_size}: use a smaller --block_size or more data")
         if checkpoint is None:
-            model = new_model(args, self.data.vocab_size)
+            model = new_model(args, self.data)
         elif checkpoint["config"]["vocab_size"] != self.data.vocab_size:
             raise UserError(f"{args.out_dir} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
                             f"{self.data.vocab_size}: pass the --dataset and --tokenizer it was trained with")
@@ -115,6 +114,9 @@ class LMTask(Task):
         for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
             p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
         return model
+
+    def identity(self):
+        return data_identity(self.data)
 
     def lr(self, step):
         a = self.args
@@ -146,6 +148,12 @@ class LMTask(Task):
         return results
 
     @staticmethod
+    def teacher_overrides(args):
+        if args.preset and "grad_accum" not in args.explicit:
+            return {"grad_accum": PRESETS[args.preset]["grad_accum"]}  # Table 3's update-freq, not Table 4's
+        return {}
+
+    @staticmethod
     def print_table(rows):
         print("\n| model | k | valid ppl | test ppl | train minutes |\n|---|---|---|---|---|")
         for name, r in rows:
@@ -153,22 +161,33 @@ class LMTask(Task):
                   f"{r['train_minutes']:.1f} |")
 
 
-def new_model(args, vocab_size: int):
+def new_model(args, lm):
     """From random initialisation, or (--init pretrained) the softmax teacher with its attention swapped."""
     if args.init == "random":
         try:
-            return TransformerLM(model_config(args, vocab_size))
+            return TransformerLM(model_config(args, lm.vocab_size))
         except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
             raise UserError(f"bad model flags: {error}") from None
     checkpoint = load_teacher(args, "pretrained checkpoint")
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.pretrained} is a translation model, not a language model")
-    if checkpoint["config"]["vocab_size"] != vocab_size:
+    if checkpoint["config"]["vocab_size"] != lm.vocab_size:
         raise UserError(f"{args.pretrained} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
-                        f"{vocab_size}: pretrain on the same --dataset and --tokenizer, or pass the matching --pretrained")
+                        f"{lm.vocab_size}: pretrain on the same --dataset and --tokenizer, or pass the matching --pretrained")
     check_teacher(checkpoint, args, MODEL_FLAGS)
+    teacher_tokenizer = checkpoint.get("identity", {}).get("tokenizer")
+    if teacher_tokenizer not in (None, data_identity(lm)["tokenizer"]):
+        raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
+                        f"since, or it is another corpus of the same size): pretrain on this --dataset")
     return student_of(model_from_checkpoint(checkpoint, args.pretrained), args,
                       keep_softmax_every=args.keep_softmax_every)
+
+
+def data_identity(lm) -> dict:
+    """The tokenizer's hash and the corpus fingerprints that data.prepare keeps beside its cache."""
+    with open(os.path.join(lm.cache, "meta.json")) as f:
+        meta = json.load(f)
+    return {"tokenizer": meta["tokenizer_sha1"], "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
 
 
 def load_data(args):

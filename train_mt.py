@@ -22,11 +22,11 @@ import torch.nn.functional as F
 
 import mt_data
 from mt_data import PAD_ID
-from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, model_from_checkpoint,
-                     non_negative_int, positive_int, run_main, save_checkpoint)
+from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
+                     model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
-from training import (Task, add_data_flags, add_model_flags, adopt_saved_run, add_run_flags, check_teacher, get_lr_inverse_sqrt, load_teacher,
-                      main_job, resolve_run_flags, student_of)
+from training import (Task, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher,
+                      get_lr_inverse_sqrt, load_teacher, main_job, resolve_run_flags, student_of)
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
@@ -37,8 +37,6 @@ SCHEDULES = {
 }
 MODEL_FLAGS = ("n_layer", "n_encoder_layer", "n_head", "d_model", "d_ff")
 MODEL_DEFAULTS = dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=256, d_ff=1024)
-# Flags of this script that steer one invocation only (see training.RUN_CONTROL).
-RUN_CONTROL = {"decode_batch_size", "beam", "lenpen", "bleu_sentences"}
 
 
 def get_args(argv=None):
@@ -59,7 +57,7 @@ def get_args(argv=None):
     g.add_argument("--snapshot_interval", type=positive_int, default=20, help="steps between the snapshots that --average_last averages")
     g = add_decoding_flags(p)  # for the BLEU of the final model
     g.add_argument("--bleu_sentences", type=non_negative_int, default=0, help="score only the first N valid/test sentences (0: all)")
-    args = adopt_saved_run(p, argv, RUN_CONTROL, default_out_dir)
+    args = adopt_saved_run(p, argv, default_out_dir)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
     if args.max_tokens < args.max_len + 1:
         p.error(f"--max_tokens {args.max_tokens} cannot hold one sentence of --max_len {args.max_len}")
@@ -101,6 +99,10 @@ class MTTask(Task):
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
         print(f"{len(self.train_batches)} training batches of <= {args.max_tokens} tokens")
         return model if model is not None else new_model(args, self.tokenizer.get_vocab_size())
+
+    def identity(self):
+        pairs = "\n".join(f"{s}\t{t}" for split in ("train", "valid", "test") for s, t in self.corpus[split])
+        return {"tokenizer": fingerprint(self.tokenizer.to_str()), "data": fingerprint(pairs)}
 
     def lr(self, step):
         return get_lr_inverse_sqrt(step, self.args.lr, self.args.warmup_steps)
@@ -186,9 +188,17 @@ def save_snapshot(model, out_dir: str, step: int, keep: int):
         os.remove(old)
 
 
+def load_snapshot(path: str) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)["model"]
+    except Exception as error:  # truncated, or not a snapshot
+        raise UserError(f"snapshot {path} is unreadable ({type(error).__name__}): delete it, then --resume the run "
+                        f"to write model.pt from the snapshots left") from None
+
+
 def average_snapshots(paths: list) -> dict:
     """The element-wise mean of the snapshots' parameters (in float64, then cast back)."""
-    states = [torch.load(p, map_location="cpu", weights_only=True)["model"] for p in paths]
+    states = [load_snapshot(p) for p in paths]
     return {name: (sum(s[name].double() for s in states) / len(states)).to(tensor.dtype)
             if tensor.is_floating_point() else tensor for name, tensor in states[-1].items()}
 

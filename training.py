@@ -9,9 +9,11 @@ Also here: the flags both trainers share, the learning-rate schedules and the op
 """
 
 import argparse
+import fcntl
 import json
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from runtime import (Distributed, UserError, autocast_context, device_name, explicit_flags, fraction, gather_rng,
+from runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, device_name, explicit_flags, fraction, gather_rng,
                      get_device, load_checkpoint, make_scaler, non_negative_float, non_negative_int, positive_float,
                      positive_int, print_config, resolve_dtype, rng_state, save_checkpoint, serializable, set_rng_state,
                      setup_distributed, take_saved_flags, unwrap, write_json)
@@ -35,9 +37,9 @@ from runtime import Parser, model_from_checkpoint, run_main, write_csv  # noqa: 
 # -----------------------------------------------------------------------------
 # The flags both trainers share
 
-# Flags that only steer this invocation; all others define a run, and --resume takes them from the run.
-RUN_CONTROL = {"resume", "eval_only", "stop_at", "out_dir", "device", "dtype", "compile", "log_interval",
-               "eval_interval", "pretrained_given"}
+# The flags that belong to one invocation of a run; all others define the run, and --resume or --eval_only
+# take them from it (a resumed run is the same run: its evaluation, precision and logging included).
+INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device", "pretrained_given"}
 
 
 def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
@@ -89,13 +91,13 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     return g
 
 
-def adopt_saved_run(parser, argv, run_control: set, default_out_dir):
+def adopt_saved_run(parser, argv, default_out_dir):
     """Parse the flags; --resume and --eval_only take every flag not given from the run in out_dir."""
     args = parser.parse_args(argv)
     args.explicit = explicit_flags(parser, argv)
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
-        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), RUN_CONTROL | run_control)
+        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS)
     return args
 
 
@@ -194,6 +196,11 @@ class Task:
         """The final evaluation of the finished model (results.json)."""
         raise NotImplementedError
 
+    def identity(self) -> dict:
+        """Fingerprints of what the run was trained on (its tokenizer, its data), called after prepare():
+        a checkpoint carries them, and resuming, evaluating or converting it on anything else is refused."""
+        return {}
+
     def checkpoint_extras(self) -> dict:
         """What else goes into ckpt.pt and model.pt (a translator's tokenizer)."""
         return {}
@@ -204,6 +211,12 @@ class Task:
     def final_model(self, model) -> tuple:
         """(the finished model, what model.pt says about it beyond the common fields)."""
         return model, {}
+
+    @staticmethod
+    def teacher_overrides(args) -> dict:
+        """Flags in which the teacher that --init pretrained trains differs from the student, beyond attention,
+        initialisation and budget (the LM's paper preset: the teacher's update frequency)."""
+        return {}
 
 
 @dataclass
@@ -221,47 +234,94 @@ def train(task: Task) -> dict:
     dtype = task.dtype = resolve_dtype(args.dtype, device)
     raw_model, optimizer, scaler, p = start(task, device, dtype)
     model = wrap(raw_model, args, device, ddp)
-    bar = tqdm(total=args.max_steps, initial=p.step, desc=os.path.basename(args.out_dir), disable=not ddp.is_main,
-               dynamic_ncols=True, mininterval=2)
+    bar = tqdm(total=args.max_steps, initial=p.step, desc=os.path.basename(args.out_dir), dynamic_ncols=True,
+               mininterval=2, disable=not (ddp.is_main and sys.stderr.isatty()))  # logs get the step lines only
     t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
-    while p.step < args.max_steps and (args.stop_at is None or p.step < args.stop_at):
-        t_step = time.time()
-        lr = task.lr(p.step)
-        set_lr(optimizer, lr)
-        for micro in range(args.grad_accum):
-            counter = (p.step * args.grad_accum + micro) * ddp.world_size + ddp.rank
-            sync = not ddp.enabled or micro == args.grad_accum - 1  # DDP: all-reduce once, after the last
-            with (nullcontext() if sync else model.no_sync()), autocast_context(device, dtype):
-                loss, n = task.loss(model, counter)
-                loss = loss / args.grad_accum
-            scaler.scale(loss).backward()
-            loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
-            tokens += n * ddp.world_size
-        optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
-        p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
-        bar.update(1)
-        task.after_step(raw_model, p.step)
-        last = p.step == args.max_steps
-        if p.step % args.log_interval == 0 or last:
-            log_step(bar, p, args, float(loss_sum) / steps, lr, tokens / (time.time() - t_log), ddp)
-            t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
-        if p.step % args.eval_interval == 0 or last:
-            t_eval = time.time()
-            validate(task, raw_model, p)
-            p.train_seconds += time.time() - t_eval
-            save_run(task, raw_model, optimizer, scaler, p)
-            t_log = time.time()
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # a NaN or inf loss since the last check
+    with CtrlC() as ctrl_c:
+        while p.step < args.max_steps and (args.stop_at is None or p.step < args.stop_at):
+            t_step = time.time()
+            lr = task.lr(p.step)
+            set_lr(optimizer, lr)
+            for micro in range(args.grad_accum):
+                counter = (p.step * args.grad_accum + micro) * ddp.world_size + ddp.rank
+                sync = not ddp.enabled or micro == args.grad_accum - 1  # DDP: all-reduce once, after the last
+                with (nullcontext() if sync else model.no_sync()), autocast_context(device, dtype):
+                    loss, n = task.loss(model, counter)
+                    loss = loss / args.grad_accum
+                scaler.scale(loss).backward()
+                loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
+                nonfinite |= ~torch.isfinite(loss.detach())
+                tokens += n * ddp.world_size
+            optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
+            p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
+            bar.update(1)
+            task.after_step(raw_model, p.step)
+            last = p.step == args.max_steps
+            if p.step % args.log_interval == 0 or last:
+                check_finite(nonfinite, task, p)
+                log_step(bar, p, args, float(loss_sum) / steps, lr, tokens / (time.time() - t_log), ddp)
+                t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
+            if p.step % args.eval_interval == 0 or last:
+                check_finite(nonfinite, task, p)
+                t_eval = time.time()
+                validate(task, raw_model, p)
+                p.train_seconds += time.time() - t_eval
+                save_run(task, raw_model, optimizer, scaler, p)
+                t_log = time.time()
+            if ctrl_c.pressed(ddp, device):
+                break
     bar.close()
+    check_finite(nonfinite, task, p)
     save_run(task, raw_model, optimizer, scaler, p)
+    if ctrl_c.pressed(ddp, device):
+        raise Interrupted(f"interrupted at step {p.step} of {args.max_steps}: saved {args.out_dir}/ckpt.pt; "
+                          f"continue with --resume --out_dir {args.out_dir}")
     if p.step < args.max_steps:
         print(f"stopped at step {p.step} of {args.max_steps}: continue with --resume --out_dir {args.out_dir}")
         return {}
     return finish(task, raw_model, p)
 
 
+class CtrlC:
+    """The first Ctrl-C (SIGINT) asks the loop to stop after the step in progress and save; a second one stops
+    at once. Saving between steps keeps the resumed run exact (the batch generator has drawn whole steps)."""
+
+    def __enter__(self):
+        self.flag = False
+        self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.flag:
+            raise KeyboardInterrupt
+        self.flag = True
+        tqdm.write("Ctrl-C: saving after this step (press it again to quit without saving)")
+
+    def pressed(self, ddp: Distributed, device) -> bool:
+        """Whether any process was interrupted (under DDP they must all stop at the same step)."""
+        if not ddp.enabled:
+            return self.flag
+        return bool(all_reduce_sum(torch.tensor(float(self.flag), device=device), ddp).item())
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
+
+
+def check_finite(nonfinite, task: Task, p: Progress):
+    """Stop before a NaN or inf reaches a checkpoint: ckpt.pt keeps the last step whose losses were finite."""
+    if task.ddp.enabled:
+        nonfinite = all_reduce_sum(nonfinite.float(), task.ddp) > 0
+    if nonfinite.item():
+        raise UserError(f"the training loss became NaN or inf before step {p.step}: stopped without saving, so "
+                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint; lower --lr or check the data")
+
+
 def start(task: Task, device, dtype):
     """The model, optimizer, scaler and progress of a new run, or of the run in out_dir restored exactly."""
     args, ddp = task.args, task.ddp
+    if ddp.is_main:
+        lock_out_dir(task)
     path = os.path.join(args.out_dir, "ckpt.pt")
     if not args.resume and os.path.exists(path):
         raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
@@ -269,6 +329,9 @@ def start(task: Task, device, dtype):
     checkpoint = load_checkpoint(path) if args.resume else None
     torch.manual_seed(args.seed)  # the same initialisation on every process
     model = task.prepare(checkpoint).to(device)
+    task.run_identity = {**task.identity(), "world_size": ddp.world_size}
+    if checkpoint:
+        check_identity(checkpoint, task.run_identity, path)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, device)
     scaler = make_scaler(device, dtype)
     p = Progress()
@@ -283,6 +346,35 @@ def start(task: Task, device, dtype):
         print(f"parameters: {model.num_params():,}")
         write_json(os.path.join(args.out_dir, "args.json"), serializable(vars(args)))
     return model, optimizer, scaler, p
+
+
+def lock_out_dir(task: Task):
+    """One run per out_dir: the main process holds <out_dir>/.lock until it exits, and a second run is refused."""
+    out_dir = task.args.out_dir
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        task.lock = open(os.path.join(out_dir, ".lock"), "w")
+    except OSError as error:
+        raise UserError(f"cannot write to --out_dir {out_dir} ({error.strerror}): pick a writable folder") from None
+    try:
+        fcntl.flock(task.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the system when the process ends
+    except BlockingIOError:
+        raise UserError(f"another run is using {out_dir} (it holds {out_dir}/.lock): wait for it to finish, "
+                        f"or pick another --out_dir") from None
+
+
+def check_identity(checkpoint: dict, current: dict, path: str):
+    """Refuse to continue or evaluate a run on another tokenizer, other data, or another number of processes."""
+    saved = checkpoint.get("identity", {})
+    for key in sorted(set(saved) & set(current)):
+        if saved[key] == current[key]:
+            continue
+        if key == "world_size":
+            raise UserError(f"{path} was trained by {saved[key]} processes, this run has {current[key]}: resume "
+                            f"with torchrun --nproc_per_node {saved[key]} (each process draws its own batches)")
+        what = {"data": "corpus"}.get(key, key)
+        raise UserError(f"{path} was trained on another {what} ({saved[key]}, now {current[key]}): the data changed "
+                        f"since; pass the --dataset it was trained on, or train a new run in another --out_dir")
 
 
 def wrap(model, args, device, ddp):
@@ -319,7 +411,7 @@ def save_run(task: Task, model, optimizer, scaler, p: Progress):
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
             "config": model.config.to_dict(), "args": serializable(vars(task.args)), "step": p.step,
             "max_steps": task.args.max_steps, "best_val": p.best_val, "rng": rng,
-            "train_seconds": p.train_seconds, **task.checkpoint_extras()})
+            "train_seconds": p.train_seconds, "identity": task.run_identity, **task.checkpoint_extras()})
 
 
 def finish(task: Task, model, p: Progress) -> dict:
@@ -330,7 +422,7 @@ def finish(task: Task, model, p: Progress) -> dict:
         save_checkpoint(os.path.join(task.args.out_dir, "model.pt"), {
             "model": final.state_dict(), "config": final.config.to_dict(), "args": serializable(vars(task.args)),
             "step": p.step, "max_steps": task.args.max_steps, "train_seconds": p.train_seconds,
-            **task.checkpoint_extras(), **about})
+            "identity": task.run_identity, **task.checkpoint_extras(), **about})
     return write_results(task, task.report(final, p.train_seconds))
 
 
@@ -347,9 +439,12 @@ def evaluate_finished(task: Task) -> dict:
         raise UserError(f"no finished model at {path}: finish the run first (--resume --out_dir "
                         f"{task.args.out_dir})")
     checkpoint = load_checkpoint(path, "finished model")
+    if task.ddp.is_main:
+        lock_out_dir(task)  # it rewrites results.json
     task.device = training_device(task.args.device, task.ddp)
     task.dtype = resolve_dtype(task.args.dtype, task.device)
     model = task.prepare(checkpoint).to(task.device)
+    check_identity(checkpoint, task.identity(), path)
     return write_results(task, task.report(model, checkpoint.get("train_seconds", 0.0)))
 
 
@@ -376,7 +471,8 @@ def run_job(task_class, args, ddp: Distributed):
     teacher_results = None
     if not args.pretrained_given and not os.path.isfile(args.pretrained):
         print(f"no finished softmax teacher at {args.pretrained}: training it first")
-        teacher_results = train(task_class(teacher_args(args, task_class.SCHEDULES), ddp))
+        teacher = teacher_args(args, task_class.SCHEDULES, task_class.teacher_overrides(args))
+        teacher_results = train(task_class(teacher, ddp))
     results = train(task_class(args, ddp))
     if ddp.is_main and results:
         teacher_results = teacher_results or read_results(os.path.dirname(args.pretrained))
@@ -385,7 +481,7 @@ def run_job(task_class, args, ddp: Distributed):
     return results
 
 
-def teacher_args(args, schedules: dict):
+def teacher_args(args, schedules: dict, overrides: dict):
     """The flags of the softmax teacher that --init pretrained converts. Its budget stands to the finetuning
     budget as the paper's pretraining to its finetuning (appendix Tables 3-6): the default schedules' ratio."""
     teacher = argparse.Namespace(**vars(args))
@@ -395,15 +491,21 @@ def teacher_args(args, schedules: dict):
     teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
     teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
+    vars(teacher).update(overrides)
     return teacher
 
 
 def load_teacher(args, what: str) -> dict:
-    """The checkpoint --init pretrained converts: finished, softmax only, of the sizes the flags give."""
+    """The checkpoint --init pretrained converts: finished, with finite weights."""
     checkpoint = load_checkpoint(args.pretrained, what)
     if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
         raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
                         f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")
+    bad = [name for name, tensor in checkpoint["model"].items()
+           if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise UserError(f"{args.pretrained} has NaN or inf weights ({bad[0]}{' and more' if bad[1:] else ''}): "
+                        f"it cannot be converted; retrain the teacher")
     return checkpoint
 
 

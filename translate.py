@@ -259,12 +259,17 @@ def get_args(argv=None):
 
 
 def read_lines(path: str) -> list:
-    if path == "-":
-        return sys.stdin.read().splitlines()
-    if not os.path.isfile(path):
+    """The lines to translate, from a UTF-8 file or stdin."""
+    if path != "-" and not os.path.isfile(path):
         raise UserError(f"{path}: no such file (use - for stdin)")
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read().decode("utf-8").splitlines()
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise UserError(f"{'stdin' if path == '-' else path} is not UTF-8 (byte {error.start}): convert it, "
+                        f"e.g. iconv -f latin1 -t utf-8") from None
 
 
 def main():
