@@ -306,7 +306,8 @@ def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
         model.load_state_dict(checkpoint["model"])
     except (TypeError, ValueError, RuntimeError) as error:
         first_line = str(error).strip().splitlines()[0]
-        raise UserError(f"{path} does not match its config ({first_line}); it was saved by another version") from None
+        raise UserError(f"{path} holds a model this code cannot build ({first_line}): it is damaged, hand-made, "
+                        f"or from another version") from None
     return model
 
 

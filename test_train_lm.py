@@ -229,7 +229,7 @@ def test_a_changed_process_count_on_resume_is_refused(tmp_path, corpus):
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              os.path.join(ROOT, "train_lm.py"), "--resume", "--out_dir", "r"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode != 0 and "was trained by 1 processes, this run has 2" in result.stderr
+    assert result.returncode != 0 and "was trained by 1 process(es), this run has 2" in result.stderr
 
 
 def test_a_second_trainer_on_the_same_out_dir_is_refused(tmp_path, corpus):

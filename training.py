@@ -370,7 +370,7 @@ def check_identity(checkpoint: dict, current: dict, path: str):
         if saved[key] == current[key]:
             continue
         if key == "world_size":
-            raise UserError(f"{path} was trained by {saved[key]} processes, this run has {current[key]}: resume "
+            raise UserError(f"{path} was trained by {saved[key]} process(es), this run has {current[key]}: resume "
                             f"with torchrun --nproc_per_node {saved[key]} (each process draws its own batches)")
         what = {"data": "corpus"}.get(key, key)
         raise UserError(f"{path} was trained on another {what} ({saved[key]}, now {current[key]}): the data changed "
