@@ -94,6 +94,14 @@ def load_tokenizer(checkpoint):
         raise UserError(f"cannot rebuild the checkpoint's tokenizer: {error}") from None
 
 
+def print_state_size(model, state, batch_size: int, length: int):
+    """The recurrent state beside what a KV cache of the same length would hold (K and V, every layer)."""
+    c, p = model.config, next(model.parameters())
+    kv_bytes = 2 * c.n_layer * batch_size * length * c.d_model * p.element_size()
+    print(f"state after {length} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
+          f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
+
+
 def main():
     args = get_args()
     checkpoint = load_checkpoint(args.ckpt)
@@ -146,11 +154,7 @@ def main():
     print(f"\n{args.num_samples * args.num_tokens / seconds:,.1f} tokens/s ({args.num_samples} x {args.num_tokens} "
           f"tokens in {seconds:.2f} s)")
     if state is not None:
-        c = model.config
-        p = next(model.parameters())
-        kv_bytes = 2 * c.n_layer * args.num_samples * total * c.d_model * p.element_size()
-        print(f"state after {total} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
-              f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
+        print_state_size(model, state, args.num_samples, total)
     if args.check:
         with torch.no_grad():
             parallel = model(torch.cat([prompt, tokens], dim=1)[:, :-1])[:, prompt.shape[1] - 1 :]
