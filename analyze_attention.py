@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 import data
-from t2r import convert
-from training import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main,
+from t2r import convert, feature_sizes
+from runtime import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main,
                       write_csv)
 
 
@@ -98,14 +98,11 @@ def starting_point(checkpoint: dict, path: str, feature_size: int, seed: int):
 
 
 def describe(model) -> tuple[str, int | None]:
-    """(attention kind, k) as the results tables write them."""
-    config = model.config
-    kinds = sorted(set(config.layer_kinds()))
+    """(attention kind, k) as the results tables write them: "softmax+t2r" for a hybrid."""
+    kinds = sorted(set(model.config.layer_kinds()))
     linear = [k for k in kinds if k != "softmax"]
-    if not linear:
-        return "softmax", None
-    name = "+".join(kinds) if len(kinds) > 1 else linear[0]
-    return name, (config.d_model // config.n_head if linear == ["elu"] else config.feature_size)
+    name = "+".join(kinds) if len(kinds) > 1 else kinds[0]
+    return name, feature_sizes(model.config)[0] if linear else None
 
 
 def load_lm(path: str, device):

@@ -1,9 +1,11 @@
-"""Tests of the reproduction study's own code: the attention analysis (analyze_attention.py) and the
-study driver's bookkeeping (experiments/study.py): run states, the CSVs, the claims it evaluates.
+"""Tests of the reproduction study's own code: the attention analysis (analyze_attention.py), the plan and
+its bookkeeping (experiments/study.py: run states, gathering the CSVs), the speed probe (experiments/speed.py)
+and the report (experiments/report.py, experiments/claims.py: tables, plots, claims and their verdicts).
 
     python -m pytest -q -s test_study.py
 
-The driver's tables are tested on made-up run folders; no number here is a result of the study.
+The report is tested on made-up run folders and made-up CSVs; no number here is a result of the study, except
+in the test that regenerates the committed results page from the committed CSVs.
 """
 
 import csv
@@ -16,11 +18,16 @@ import pytest
 import torch
 
 import analyze_attention
-from t2r import Config, TransformerLM
-from conftest import TINY, report, run, write_corpus
-from training import UserError
+import mt_data
+from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
+from runtime import UserError
+from t2r import Config, Seq2SeqTransformer, TransformerLM
+from translate import greedy_decode
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import claims  # noqa: E402
+import report as study_report  # noqa: E402  (conftest's report() prints a difference)
+import speed  # noqa: E402
 import study  # noqa: E402
 
 
@@ -149,15 +156,53 @@ def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path)
     ([], "give at least one checkpoint"),
 ])
 def test_analyze_attention_errors_are_one_line(tmp_path, argv, message):
-    result = run("analyze_attention.py", *argv, cwd=tmp_path, check=False)
-    assert result.returncode == 2 and message in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert_one_line_error(run("analyze_attention.py", *argv, cwd=tmp_path, check=False), message)
 
 
 # -----------------------------------------------------------------------------
-# The study driver: plan, run states, results
+# The speed probe (Table 2's tokens/s)
 
-def test_plan_covers_every_row_the_issue_asks_for(tmp_path):
+def tiny_t2r_translator(tokenizer):
+    torch.manual_seed(0)
+    config = Config(vocab_size=tokenizer.get_vocab_size(), n_layer=1, n_encoder_layer=1, n_head=2, d_model=16,
+                    d_ff=32, dropout=0.0, attn="t2r", cross_attn="t2r", feature_size=4, cross_feature_size=6,
+                    pad_id=mt_data.PAD_ID)
+    return Seq2SeqTransformer(config).eval()
+
+
+def test_greedy_speed_counts_every_generated_token():
+    """The count is every hypothesis token plus its </s>, over batches of 16 in length order."""
+    pairs = [("Click the button to open the dialog.", "Klicken Sie auf die Schaltfläche."),
+             ("Change size", "Größe ändern"), ("Open the file", "Datei öffnen")] * 8
+    tokenizer = mt_data.train_joint_bpe(pairs, 300)
+    model = tiny_t2r_translator(tokenizer)
+    sentences = [s for s, _ in pairs][:20] + [""]  # 20 sentences (one batch of 16, one of 4) and an empty line
+    result = speed.greedy_speed(model, tokenizer, sentences, torch.device("cpu"), batch_size=16)
+    ids = sorted(mt_data.encode(tokenizer, sentences[:20]), key=len)
+    expected = sum(len(h) + 1 for start in (0, 16) for h in greedy_decode(model, mt_data.pad(ids[start:start + 16])))
+    print(result)
+    assert result["tokens"] == expected and result["sentences"] == 20 and result["tokens_per_s"] > 0
+
+
+def test_speed_of_a_run_folder_is_the_median_of_its_passes(tmp_path):
+    """measure() reads the run's model.pt and args.json (its corpus, --bleu_sentences, length limits)."""
+    corpus = write_parallel(str(tmp_path / "toy"), n=(60, 10, 25))
+    tokenizer = mt_data.train_joint_bpe(mt_data.load_parallel(corpus, "en", "de")["train"], 300)
+    model = tiny_t2r_translator(tokenizer)
+    torch.save({"model": model.state_dict(), "config": model.config.to_dict(), "tokenizer": tokenizer.to_str()},
+               tmp_path / "model.pt")
+    (tmp_path / "args.json").write_text(json.dumps(dict(dataset=corpus, src="en", tgt="de", data_dir=None,
+                                                        bleu_sentences=20, max_len_a=1.5, max_len_b=4)))
+    result = speed.measure(str(tmp_path), torch.device("cpu"), batch_size=8, passes=3)
+    print(result)
+    assert result["sentences"] == 20 and result["batch_size"] == 8 and len(result["tokens_per_s_passes"]) == 3
+    assert result["tokens_per_s"] == sorted(result["tokens_per_s_passes"])[1]
+
+
+# -----------------------------------------------------------------------------
+# The plan and its bookkeeping
+
+def test_plan_covers_every_table_and_figure_row(tmp_path):
     lm = study.lm_runs(str(tmp_path), study.LM_SIZES["full"])
     rows = {(r.row["model"], r.row["init"], r.row["k"], r.row["seed"]) for r in lm}
     for model, k in (("t2r", 32), ("elu", 64), ("rfa", 32), ("t2r75", 32)):
@@ -168,107 +213,178 @@ def test_plan_covers_every_row_the_issue_asks_for(tmp_path):
         assert {("t2r", "pretrained", k, 0), ("t2r", "random", k, 0), ("t2r-frozen", "pretrained", k, 0)} <= rows
     assert lm[0].row["model"] == "softmax", "the teacher trains first"
     size = study.LM_SIZES["full"]
-    teacher_ckpt = os.path.join(study.out_dir_of(lm[0]), "ckpt.pt")
     for r in lm:
         flags = r.flags
-        value = lambda name: flags[flags.index(name) + 1] if name in flags else None
         if r.row["init"] == "random":  # the teacher's budget, from scratch
-            assert value("--max_steps") == str(size["pretrain_steps"]) and value("--init") is None
-            assert value("--lr") == str(study.LM_LR["pretrain"]) and value("--d_model") == "128"
+            assert flags["max_steps"] == size["pretrain_steps"] and "init" not in flags
+            assert flags["lr"] == study.LM_LR["pretrain"] and flags["d_model"] == 128
         else:  # a quarter of it, from the teacher
-            assert value("--max_steps") == str(size["finetune_steps"]) and value("--init") == "pretrained"
-            assert value("--lr") == str(study.LM_LR["finetune"]) and value("--pretrained") == teacher_ckpt
-        assert ("--keep_softmax_every" in flags) == (r.row["model"] == "t2r75") and value("--keep_softmax_every") in (None, "4")
-        assert ("--freeze_feature_map" in flags) == (r.row["model"] == "t2r-frozen")
-        assert value("--attn") == {"t2r75": "t2r", "t2r-frozen": "t2r"}.get(r.row["model"], r.row["model"])
-        assert value("--seed") == str(r.row["seed"]) and value("--out_dir") == os.path.join(str(tmp_path), "lm", r.name)
-        if r.row["model"] != "softmax":
-            assert value("--feature_size") == str(r.row["k"])
+            assert flags["max_steps"] == size["finetune_steps"] and flags["init"] == "pretrained"
+            assert flags["lr"] == study.LM_LR["finetune"]
+            assert flags["pretrained"] == os.path.join(lm[0].out_dir, "ckpt.pt")
+        assert flags.get("keep_softmax_every") == (4 if r.row["model"] == "t2r75" else None)
+        assert flags.get("freeze_feature_map") == (True if r.row["model"] == "t2r-frozen" else None)
+        assert flags["attn"] == {"t2r75": "t2r", "t2r-frozen": "t2r"}.get(r.row["model"], r.row["model"])
+        assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
+        assert flags.get("feature_size") == r.row["k"]
     assert 4 * size["finetune_steps"] == size["pretrain_steps"]
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
     mt = study.mt_runs(str(tmp_path), study.MT_SIZES["full"])
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
         ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("t2r", "random")]
+    assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") for r in mt[1:3])
 
 
-def test_run_states_skip_done_and_resume_interrupted(tmp_path):
-    run_ = study.Run("x", "train_lm.py", ["--max_steps", "3", "--out_dir", str(tmp_path / "x")])
-    assert study.run_state(str(tmp_path / "x")) == "todo" and "--resume" not in study.command(run_)
+def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
+    run_ = study.Run("x", "train_lm.py", {"max_steps": 3, "freeze_feature_map": True, "out_dir": str(tmp_path / "x")})
+    assert study.run_state(run_.out_dir) == "todo"
+    assert study.command(run_)[2:] == ["--max_steps", "3", "--freeze_feature_map", "--out_dir", run_.out_dir]
     os.makedirs(tmp_path / "x")
     (tmp_path / "x" / "ckpt.pt").write_bytes(b"")
-    assert study.run_state(str(tmp_path / "x")) == "interrupted" and study.command(run_)[-1] == "--resume"
+    assert study.run_state(run_.out_dir) == "interrupted" and study.command(run_)[-1] == "--resume"
     (tmp_path / "x" / "results.json").write_text("{}")
-    assert study.run_state(str(tmp_path / "x")) == "done"
+    assert study.run_state(run_.out_dir) == "done"
 
 
-def fake_lm_results(out_dir, valid, test, minutes):
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"valid": {"ppl": valid}, "test": {"ppl": test}, "train_minutes": minutes}, f)
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
+    result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
+    print(result.stdout[-400:])
+    assert "27 runs, 0 already done" in result.stdout and "4 runs, 0 already done" in result.stdout
+    assert "[27/27] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
+    assert not (tmp_path / "study").exists()
+
+
+@pytest.mark.parametrize("script, argv, message", [
+    ("experiments/study.py", ["--quick", "--stage", "attention", "--out", "study"],
+     "the attention analysis needs finished runs; not finished: softmax-random-s0, t2r-pretrained-k32-s0"),
+    ("experiments/report.py", ["--results", "."], "lm_ptb.csv: run python experiments/study.py first"),
+])
+def test_study_and_report_errors_are_one_line(tmp_path, script, argv, message):
+    assert_one_line_error(run(script, *argv, cwd=tmp_path, check=False), message)
+
+
+# -----------------------------------------------------------------------------
+# The report: tables, plots, claims
+
+def fake_json(path, values):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(values, f)
+
+
+def fake_runs(out: str, lm_plan: list, mt_plan: list):
+    """Made-up results.json, speed.json and the analysis' raw table, built so that every claim holds."""
+    ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 102.0, "elu": 130.0, "rfa": 125.0, "t2r-frozen": 115.0}
+    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0}  # what random init costs each kind
+    for r in lm_plan:
+        k, seed, random_init = r.row["k"] or 64, r.row["seed"], r.row["init"] == "random"
+        value = ppl[r.row["model"]] + 40 / k + seed
+        if random_init:
+            value += from_scratch[r.row["model"]] + (80 / k if r.row["model"] == "t2r" else 0)
+        fake_json(os.path.join(r.out_dir, "results.json"), {"valid": {"ppl": value}, "test": {"ppl": value - 5},
+                                                            "train_minutes": 9.0 if random_init else 2.0})
+    bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0,
+            ("t2r", "random"): 17.0}
+    speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0}
+    for r in mt_plan:
+        b = bleu[(r.row["model"], r.row["init"])]
+        fake_json(os.path.join(r.out_dir, "results.json"), {
+            "valid": {"bleu": b + 1}, "test": {"bleu": b, "tok_bleu": b + 0.5}, "train_minutes": 3.0,
+            "k_cross": None if r.row["model"] == "softmax" else 32, "k_causal": 4})
+        fake_json(os.path.join(r.out_dir, "speed.json"), {"tokens_per_s": speed_[r.row["model"]]})
+    lines = ["model,stage,attn,k,distance,entropy,empty_rows,windows", "teacher.pt,teacher,softmax,,,2.0,0.0,4"]
+    lines += [f"teacher -> t2r k={k},before finetuning,t2r,{k},{1.0 / k + 0.5},5.0,0.0,4" for k in study.FEATURE_SIZES]
+    for stage, k, r in study.attention_checkpoints(lm_plan):
+        distance = {"finetuned": 0.1 + 1 / k, "mlp_frozen": 0.2 + 1 / k, "random_init": ""}[stage]
+        entropy = {"finetuned": 3.0, "mlp_frozen": 3.5, "random_init": 4.0}[stage] - k / 100
+        lines.append(f"{os.path.join(r.out_dir, 'ckpt.pt')},x,t2r,{k},{distance},{entropy},0.0,4")
+    os.makedirs(os.path.join(out, "attention"))
+    with open(os.path.join(out, "attention", "raw.csv"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def read_rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def claim_lines(page: str) -> list:
+    return page.split("## The paper's claims and ours")[1].split("\n\n")[1].splitlines()[2:]
 
 
 def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     out, results = str(tmp_path / "study"), str(tmp_path / "results")
-    lm_plan = study.lm_runs(out, study.LM_SIZES["quick"])
-    mt_plan = study.mt_runs(out, study.MT_SIZES["quick"])
-    ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 102.0, "elu": 130.0, "rfa": 125.0, "t2r-frozen": 115.0}
-    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0}  # what random init costs each kind
-    for r in lm_plan:
-        row = r.row
-        k = row["k"] or 64
-        value = ppl[row["model"]] + 40 / k + row["seed"]
-        if row["init"] == "random":
-            value += from_scratch[row["model"]] + (80 / k if row["model"] == "t2r" else 0)
-        fake_lm_results(study.out_dir_of(r), value, value - 5, 9.0 if row["init"] == "random" else 2.0)
-    bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0, ("t2r", "random"): 17.0}
-    speed = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0}
-    for r in mt_plan:
-        d = study.out_dir_of(r)
-        os.makedirs(d)
-        b = bleu[(r.row["model"], r.row["init"])]
-        with open(os.path.join(d, "results.json"), "w") as f:
-            json.dump({"valid": {"bleu": b + 1}, "test": {"bleu": b, "tok_bleu": b + 0.5}, "train_minutes": 3.0,
-                       "k_cross": None if r.row["model"] == "softmax" else 32, "k_causal": 4}, f)
-        with open(os.path.join(d, "speed.json"), "w") as f:
-            json.dump({"tokens_per_s": speed[r.row["model"]]}, f)
-    # the analysis' raw table, as analyze_attention.py writes it
-    raw = os.path.join(out, "attention", "raw.csv")
-    os.makedirs(os.path.dirname(raw))
-    lines = ["model,stage,attn,k,distance,entropy,empty_rows,windows", "teacher.pt,teacher,softmax,,,2.0,0.0,4"]
-    for k in study.FEATURE_SIZES:
-        lines.append(f"teacher -> t2r k={k},before finetuning,t2r,{k},{1.0 / k + 0.5},5.0,0.0,4")
-    for stage, k, r in study.attention_checkpoints(lm_plan):
-        distance = {"finetuned": 0.1, "mlp_frozen": 0.2, "random_init": ""}[stage]
-        distance = distance if distance == "" else distance + 1 / k
-        entropy = {"finetuned": 3.0, "mlp_frozen": 3.5, "random_init": 4.0}[stage] - k / 100
-        lines.append(f"{os.path.join(study.out_dir_of(r), 'ckpt.pt')},x,t2r,{k},{distance},{entropy},0.0,4")
-    with open(raw, "w") as f:
-        f.write("\n".join(lines) + "\n")
-
-    study.write_results(out, results, lm_plan, mt_plan)
-    with open(os.path.join(results, "lm_ptb.csv")) as f:
-        lm = list(csv.DictReader(f))
-    assert list(lm[0]) == ["model", "init", "k", "seed", "valid_ppl", "test_ppl", "train_minutes"]
-    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "t2r75"}
+    lm_plan, mt_plan = study.lm_runs(out, study.LM_SIZES["quick"]), study.mt_runs(out, study.MT_SIZES["quick"])
+    fake_runs(out, lm_plan, mt_plan)
+    study.gather(out, results, lm_plan, mt_plan, quick=True)
+    study_report.write_report(results)
+    lm = read_rows(os.path.join(results, "lm_ptb.csv"))
+    assert list(lm[0]) == study.LM_COLUMNS and {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "t2r75"}
     assert {r["k"] for r in lm if r["model"] in ("t2r", "rfa", "t2r75")} == {"32"}, "Table 1 is at k = 32"
-    with open(os.path.join(results, "mt.csv")) as f:
-        mt = list(csv.DictReader(f))
-    assert list(mt[0]) == ["model", "init", "k_cross", "k_causal", "bleu", "tokens_per_s"] and len(mt) == 4
-    with open(os.path.join(results, "attention.csv")) as f:
-        att = list(csv.DictReader(f))
+    mt = read_rows(os.path.join(results, "mt.csv"))
+    assert list(mt[0]) == study.MT_COLUMNS and len(mt) == 4
+    att = read_rows(os.path.join(results, "attention.csv"))
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
-    assert os.path.isfile(os.path.join(results, "feature_size.png"))
-    assert os.path.isfile(os.path.join(results, "attention.png"))
-    with open(os.path.join(results, "study.md")) as f:
+    with open(os.path.join(results, "machine.json")) as f:
+        machine = json.load(f)
+    assert machine["runs_finished"] == machine["runs_planned"] == 31 and machine["attention_analysis"]
+    assert machine["command"] == "bash experiments/reproduce.sh --quick"
+    assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png"))
+    with open(os.path.join(results, "README.md")) as f:
         text = f.read()
     print(text)
     # the made-up numbers are built so that every claim holds; the 75% hybrid closes (106.75 - 98.75) /
     # (106.75 - 96.125) = 75% of the gap to the softmax control (test perplexities, means over the two seeds)
-    assert "**no**" not in text and "within noise" not in text and "n/a" not in text
-    assert "75% of the gap closed" in text and "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
-    claims = text.split("### The paper's claims and ours")[1].split("\n\n")[1].splitlines()[2:]
-    assert len(claims) == 16 and all(line.endswith("| yes |") for line in claims), claims  # 5 LM, 7 Figs. 4-6, 4 MT
+    assert "**no**" not in text and "within noise" not in text and "n/a" not in text and "Partial" not in text
+    assert "75% of the gap closed" in text
+    assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
+    claims_ = claim_lines(text)
+    assert len(claims_) == 16 and all(line.endswith("| yes |") for line in claims_), claims_  # 5 LM, 7 Figs. 4-6, 4 MT
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
+    assert "**16 of 16 held**" in text
+
+
+MADE_UP_CSVS = {
+    "lm_ptb.csv": ["model,init,k,seed,valid_ppl,test_ppl,train_minutes", "softmax,random,,0,105.0,100.0,9.0",
+                   "t2r,pretrained,32,0,112.0,107.0,2.0", "t2r,random,32,0,111.0,106.0,9.0"],
+    "feature_size.csv": ["model,init,k,seed,valid_ppl,test_ppl,train_minutes", "t2r,pretrained,4,0,113.0,108.0,2.0",
+                         "t2r,random,4,0,115.0,110.0,9.0", "t2r_mlp_frozen,pretrained,4,0,114.0,109.0,2.0"],
+    "attention.csv": ["stage,k,distance,entropy,empty_rows,valid_ppl,windows", "teacher,,,4.0,0.0,105.0,4",
+                      "finetuned,4,0.2,5.0,0.0,113.0,4"],
+    "mt.csv": ["model,init,k_cross,k_causal,bleu,tokens_per_s", "softmax,random,,,20.0,500.0",
+               "t2r,pretrained,32,4,18.0,"],
+}
+
+
+def test_report_regenerates_from_made_up_csvs(tmp_path):
+    """The CSVs alone are enough (no run folder, no machine.json; an old mt.csv without the newer columns):
+    a partial study gives a page of what there is, and a summary short enough for the top-level README."""
+    for name, lines in MADE_UP_CSVS.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    result = run("experiments/report.py", "--results", str(tmp_path), cwd=tmp_path)
+    text, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
+    print(text, result.stdout)
+    assert "| T2R + pretrain | 32 | 1 | 112.00 | 107.00 | 2.00 | 19.0 / 19.6 |" in text
+    assert "| 4 | 113.00 | 115.00 | 114.00 | - | 0.2000 | - | 5.00 | - | - |" in text
+    assert "| T2R + pretrain | 32 | 4 | 18.00 | - | - | - | - | 28.7 |" in text
+    # T2R + pretrain behind T2R from scratch, 7 behind the teacher, 2 BLEU behind it: the rest needs more rows
+    assert [line.split(" | ")[-1] for line in claim_lines(text)] == ["**no** |", "yes |", "**no** |"]
+    assert "**1 of 3 held**" in text and "an unrecorded command on an unrecorded machine" in text
+    assert len(summary.splitlines()) < 40 and "**1 of 3 of the paper's claims held" in summary
+    assert (tmp_path / "feature_size.png").stat().st_size > 0 and (tmp_path / "attention.png").stat().st_size > 0
+
+
+def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tmp_path):
+    for name in ("lm_ptb.csv", "feature_size.csv", "attention.csv", "mt.csv", "machine.json"):
+        (tmp_path / name).write_bytes(open(os.path.join(ROOT, "results", name), "rb").read())
+    study_report.write_report(str(tmp_path))
+    for name in ("README.md", "summary.md"):
+        with open(os.path.join(ROOT, "results", name)) as f:
+            committed = f.read()
+        # the summary's link to the page, from the repository's root
+        regenerated = (tmp_path / name).read_text().replace(os.path.relpath(str(tmp_path), ROOT), "results")
+        assert regenerated == committed, f"results/{name} is not what report.py writes: rerun it"
+        assert "8 of 16" in committed
 
 
 def test_a_claim_that_does_not_hold_says_no():
@@ -276,18 +392,18 @@ def test_a_claim_that_does_not_hold_says_no():
           dict(model="t2r", init="pretrained", bleu=17.0, tokens_per_s=700.0),
           dict(model="elu", init="pretrained", bleu=19.0, tokens_per_s=800.0),
           dict(model="t2r", init="random", bleu=18.0, tokens_per_s=700.0)]
-    held = {claim: ok for claim, _, _, ok in study.mt_claims(mt)}
+    held = {claim: ok for claim, _, _, ok in claims.mt_claims(mt)}
     assert list(held.values()) == ["**no**"] * 4 and len(held) == 4
-    assert "| **no** |" in "\n".join(study.claims_table(study.mt_claims(mt)))
+    assert "| **no** |" in "\n".join(study_report.claims_table(claims.mt_claims(mt)))
 
 
 def test_speed_claim_is_within_noise_when_the_passes_overlap():
     mt = [dict(model="softmax", init="random", bleu=20.0, tokens_per_s=700.0, speed_low=650.0, speed_high=760.0),
           dict(model="t2r", init="pretrained", bleu=19.5, tokens_per_s=740.0, speed_low=720.0, speed_high=790.0),
           dict(model="elu", init="pretrained", bleu=19.0, tokens_per_s=600.0, speed_low=590.0, speed_high=610.0)]
-    assert study.mt_claims(mt)[-1][3] == "within noise"
+    assert claims.mt_claims(mt)[-1][3] == "within noise"
     mt[0].update(speed_high=710.0)  # now every T2R pass beats every softmax and ELU pass
-    assert study.mt_claims(mt)[-1][3] == "yes"
+    assert claims.mt_claims(mt)[-1][3] == "yes"
 
 
 def lm_row(model, init, test, seed=0, k=32, minutes=1.0):
@@ -300,13 +416,14 @@ def test_lm_claims_say_no_within_noise_and_not_applicable():
             lm_row("rfa", "random", 132.0), lm_row("t2r75", "pretrained", 115.0)]
     # T2R + pretrain ahead of ELU by 1 with seeds 3 apart: the ordering holds, inside the spread
     close = base + [lm_row("t2r", "pretrained", 100.0 + s, s) for s in (0, 3)] + \
-        [lm_row("elu", "pretrained", 102.5 + s, s) for s in (0, 3)] + [lm_row("rfa", "pretrained", 140.0 + s, s) for s in (0, 3)]
-    held = [c[3] for c in study.lm_claims(close)]
+        [lm_row("elu", "pretrained", 102.5 + s, s) for s in (0, 3)] + \
+        [lm_row("rfa", "pretrained", 140.0 + s, s) for s in (0, 3)]
+    held = [c[3] for c in claims.lm_claims(close)]
     assert held[0] == "within noise"
     assert held[3:5] == ["**no**", "n/a"], "T2R (101.5) is ahead of softmax (120): there is no gap to close"
     worse = base + [lm_row("t2r", "pretrained", 135.0)] + [lm_row("elu", "pretrained", 125.0)] + \
         [lm_row("rfa", "pretrained", 126.0)]
-    held = [c[3] for c in study.lm_claims(worse)]
+    held = [c[3] for c in claims.lm_claims(worse)]
     assert held == ["**no**", "**no**", "**no**", "yes", "yes"], held  # 75% hybrid: (135 - 115) / (135 - 120) > 0.5
 
 
@@ -318,6 +435,15 @@ def test_feature_claims_say_no():
         ("finetuned", 4, 0.6, 3.0, 100.0), ("finetuned", 64, 0.7, 3.5, 100.0),
         ("mlp_frozen", 4, 0.5, 3.0, None), ("mlp_frozen", 64, 0.6, 3.0, None),
         ("random_init", 4, None, 2.0, 101.0), ("random_init", 64, None, 2.5, 110.0))]
-    held = {claim.split(":")[1].strip(): v for claim, _, _, v in study.feature_claims(fs, att)}
+    held = {claim.split(":")[1].strip(): v for claim, _, _, v in claims.feature_claims(fs, att)}
     print(held)
     assert set(held.values()) == {"**no**"} and len(held) == 7
+
+
+def test_the_paper_numbers_in_the_claims_are_the_tables():
+    """The paper's column of each claim is built from PAPER_LM and PAPER_MT, so that they are typed once."""
+    lm = [lm_row(m, i, 100.0) for m, i in claims.PAPER_LM] + [lm_row("softmax", "pretrained", 99.0)]
+    paper = {c[0]: c[1] for c in claims.lm_claims(lm)}
+    assert "19.6 vs 22.2 and 21.6" in paper.values() and "98 vs 474 GPU hours (~5x), 19.6 vs 20.8" in paper.values()
+    mt = [dict(model=m, init=i, bleu=20.0, tokens_per_s=None) for m, i in claims.PAPER_MT]
+    assert [c[1] for c in claims.mt_claims(mt)] == ["28.7 vs 28.9", "28.7 vs 27.5 (random init)", "28.4 vs 28.7"]

@@ -1,0 +1,238 @@
+"""
+The paper's numbers and its claims, each tested against the study's results (experiments/report.py shows
+them). A claim is (what the paper says, the paper's numbers, ours, the verdict), the verdict one of: yes,
+**no**, within noise (the ordering holds but by less than the spread of the seeds or passes), or n/a.
+
+The rows here are results/*.csv rows as report.read_results() returns them: dicts with None for an empty cell.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PaperLM:
+    valid: float  # WikiText-103 perplexity (Table 1)
+    test: float
+    hours: int | None  # train time, GPU hours; of a + pretrain row the finetuning only
+
+
+# The paper's numbers, typed once. Table 1 (WikiText-103) and Table 2 (WMT14 EN-DE test BLEU), by (model, init);
+# the speed of section 3.3 (Fig. 2).
+PAPER_LM = {("elu", "random"): PaperLM(22.0, 22.8, 470), ("rfa", "random"): PaperLM(20.4, 21.3, 512),
+            ("t2r", "random"): PaperLM(20.1, 20.8, 474), ("elu", "pretrained"): PaperLM(21.5, 22.2, 97),
+            ("rfa", "pretrained"): PaperLM(20.8, 21.6, 104), ("t2r", "pretrained"): PaperLM(19.0, 19.6, 98),
+            ("t2r75", "pretrained"): PaperLM(17.9, 18.5, 95), ("softmax", "random"): PaperLM(17.9, 18.5, None)}
+PAPER_MT = {("softmax", "random"): 28.9, ("t2r", "pretrained"): 28.7, ("t2r", "random"): 27.5,
+            ("elu", "pretrained"): 28.4}
+PAPER_SPEED = "15%+ over ELU; over softmax from short lengths on"
+
+NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "RFA", "t2r": "T2R", "t2r75": "T2R 75%"}
+COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
+
+
+def model_name(model: str, init: str) -> str:
+    """A table row's name: "T2R + pretrain", "ELU + random init", the teacher, the softmax control."""
+    if (model, init) == ("softmax", "pretrained"):
+        return "Transformer trained on for the finetuning steps (control)"
+    return NAMES[model] + ("" if model == "softmax" else (" + pretrain" if init == "pretrained" else " + random init"))
+
+
+def group(rows: list, **match) -> list:
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def mean_of(rows: list, column: str):
+    values = [r[column] for r in rows if r.get(column) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def half_range(values: list) -> float:
+    """The spread we report for two seeds: half the range, not a confidence interval."""
+    return (max(values) - min(values)) / 2 if values else 0.0
+
+
+def verdict(held: bool) -> str:
+    return "yes" if held else "**no**"
+
+
+def pearson(xs, ys) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
+
+
+# -----------------------------------------------------------------------------
+# Table 1
+
+def lm_claims(lm: list) -> list:
+    """Table 1's claims, on test perplexity (means over the seeds)."""
+    test = lambda model, init: mean_of(group(lm, model=model, init=init), "test_ppl")
+    paper = lambda model, init="pretrained": PAPER_LM[(model, init)].test
+    claims = []
+    t2r, elu, rfa = test("t2r", "pretrained"), test("elu", "pretrained"), test("rfa", "pretrained")
+    if None not in (t2r, elu, rfa):
+        spread = lambda model: half_range([r["test_ppl"] for r in group(lm, model=model, init="pretrained")])
+        margin = lambda other: test(other, "pretrained") - t2r - spread(other) - spread("t2r")
+        clear = min(margin("elu"), margin("rfa")) > 0
+        held = "**no**" if t2r >= min(elu, rfa) else ("yes" if clear else "within noise")
+        claims.append(("T2R + pretrain beats ELU + pretrain and RFA + pretrain (test ppl, mean of the seeds)",
+                       f"{paper('t2r')} vs {paper('elu')} and {paper('rfa')}", f"{t2r:.2f} vs {elu:.2f} and {rfa:.2f}",
+                       held))
+    gains = {m: (test(m, "random"), test(m, "pretrained")) for m in ("t2r", "elu", "rfa")}
+    if all(None not in g for g in gains.values()):
+        gain = {m: g[0] - g[1] for m, g in gains.items()}
+        claims.append(("pretraining helps T2R: converted and finetuned (a quarter of the steps) it beats T2R trained "
+                       "from scratch with the teacher's budget, and gains more than ELU and RFA do (test ppl)",
+                       "; ".join(f"{NAMES[m]} {paper(m, 'random')} -> {paper(m)}" for m in ("t2r", "elu", "rfa")),
+                       "; ".join(f"{NAMES[m]} {gains[m][0]:.2f} -> {gains[m][1]:.2f}" for m in ("t2r", "elu", "rfa")),
+                       verdict(gain["t2r"] > 0 and gain["t2r"] > gain["elu"] and gain["t2r"] > gain["rfa"])))
+    claims += conversion_time_claim(lm, test)
+    return claims + softmax_gap_claims(test, paper)
+
+
+def conversion_time_claim(lm: list, test) -> list:
+    minutes = lambda init: mean_of(group(lm, model="t2r", init=init), "train_minutes")
+    if None in (test("t2r", "random"), test("t2r", "pretrained"), minutes("random"), minutes("pretrained")):
+        return []
+    scratch, converted = PAPER_LM[("t2r", "random")], PAPER_LM[("t2r", "pretrained")]
+    ratio = minutes("random") / minutes("pretrained")
+    return [("conversion reaches (at least) the from-scratch perplexity in a fraction of the time "
+             "(the fraction is set by the plan; the verdict is on the perplexity)",
+             f"{converted.hours} vs {scratch.hours} GPU hours (~{scratch.hours / converted.hours:.0f}x), "
+             f"{converted.test} vs {scratch.test}",
+             f"{minutes('pretrained'):.1f} vs {minutes('random'):.1f} minutes ({ratio:.1f}x), "
+             f"{test('t2r', 'pretrained'):.2f} vs {test('t2r', 'random'):.2f}",
+             verdict(test("t2r", "pretrained") <= test("t2r", "random")))]
+
+
+def softmax_gap_claims(test, paper) -> list:
+    """The gap to softmax, and the 75% hybrid closing it. The softmax model to compare with: the teacher
+    trained on for the same steps (the control), else the teacher."""
+    control, t2r, hybrid = test("softmax", "pretrained"), test("t2r", "pretrained"), test("t2r75", "pretrained")
+    soft, soft_name = (control, "the softmax control") if control is not None else \
+        (test("softmax", "random"), "the teacher")
+    claims = []
+    if None not in (soft, t2r):
+        claims.append((f"a gap remains between T2R + pretrain and the softmax model ({soft_name}, test ppl)",
+                       f"{paper('t2r')} vs {paper('softmax', 'random')}", f"{t2r:.2f} vs {soft:.2f}",
+                       verdict(t2r > soft)))
+    if None not in (soft, hybrid, t2r):
+        if t2r <= soft:
+            ours, held = f"T2R {t2r:.2f} is not behind {soft_name}'s {soft:.2f}: no gap to close", "n/a"
+        else:
+            closed = (t2r - hybrid) / (t2r - soft)
+            ours = f"{t2r:.2f} -> {hybrid:.2f}, {soft_name} {soft:.2f}: {100 * closed:.0f}% of the gap closed"
+            held = verdict(closed > 0.5)
+        claims.append((f"the 75% hybrid closes most of the gap to the softmax model ({soft_name}, test ppl)",
+                       f"{paper('t2r')} -> {paper('t2r75')}, softmax {paper('softmax', 'random')} (all of it)", ours,
+                       held))
+    return claims
+
+
+# -----------------------------------------------------------------------------
+# Figs. 4-6
+
+def feature_claims(fs: list, att: list) -> list:
+    claims = []
+    pre = {r["k"]: r["valid_ppl"] for r in group(fs, variant="pretrained")}
+    rnd = {r["k"]: r["valid_ppl"] for r in group(fs, variant="random")}
+    ks = sorted(set(pre) & set(rnd))
+    if len(ks) >= 2:
+        gaps = {k: rnd[k] - pre[k] for k in ks}
+        claims.append(("Fig. 4: pretraining beats random init at every k, most at small k",
+                       "pretrain below random at every k; the gap grows as k shrinks",
+                       ", ".join(f"k={k}: {gaps[k]:+.1f}" for k in ks) + " ppl (random - pretrain)",
+                       verdict(all(g > 0 for g in gaps.values()) and gaps[ks[0]] > gaps[ks[-1]])))
+    return claims + distance_claims(att) + entropy_claims(att)
+
+
+def by_k(att: list, stage: str, column: str) -> dict:
+    return {r["k"]: r[column] for r in group(att, stage=stage) if r[column] is not None}
+
+
+def distance_claims(att: list) -> list:
+    before, tuned = by_k(att, "before_finetuning", "distance"), by_k(att, "finetuned", "distance")
+    frozen = by_k(att, "mlp_frozen", "distance")
+    ks = sorted(set(before) & set(tuned) & set(frozen))
+    if not ks:
+        return []
+    return [("Fig. 5: finetuning makes the attention much closer to the teacher's",
+             "distance after finetuning below before, at every k",
+             ", ".join(f"k={k}: {before[k]:.4f} -> {tuned[k]:.4f}" for k in ks),
+             verdict(all(tuned[k] < before[k] for k in ks))),
+            ("Fig. 5: the distance shrinks as k grows (largest k against smallest)", "decreasing in k",
+             ", ".join(f"{tuned[k]:.4f}" for k in ks) + f" for k = {', '.join(map(str, ks))}",
+             verdict(tuned[ks[-1]] < tuned[ks[0]])),
+            ("Fig. 5: with the MLP frozen the distance is larger", "frozen above full finetuning at every k",
+             ", ".join(f"k={k}: {frozen[k]:.4f} vs {tuned[k]:.4f}" for k in ks),
+             verdict(all(frozen[k] > tuned[k] for k in ks)))]
+
+
+def entropy_claims(att: list) -> list:
+    tuned, rand = by_k(att, "finetuned", "entropy"), by_k(att, "random_init", "entropy")
+    ks = sorted(set(tuned) & set(rand))
+    claims = []
+    if ks:
+        claims.append(("Fig. 6: pretraining gives peakier (lower-entropy) attention",
+                       "pretrain below random at every k",
+                       ", ".join(f"k={k}: {tuned[k]:.2f} vs {rand[k]:.2f}" for k in ks),
+                       verdict(all(tuned[k] < rand[k] for k in ks))))
+        claims.append(("Fig. 6: entropy falls as k grows (largest k against smallest)",
+                       "decreasing in k (pretrain and random)",
+                       f"pretrain {tuned[ks[0]]:.2f} -> {tuned[ks[-1]]:.2f}, random {rand[ks[0]]:.2f} -> "
+                       f"{rand[ks[-1]]:.2f} (k={ks[0]} -> {ks[-1]})",
+                       verdict(tuned[ks[-1]] < tuned[ks[0]] and rand[ks[-1]] < rand[ks[0]])))
+    pairs = [(r["entropy"], r["valid_ppl"]) for r in att if r["stage"] in ("finetuned", "random_init")
+             and r["entropy"] is not None and r["valid_ppl"] is not None]
+    if len(pairs) >= 3:
+        r = pearson(*zip(*pairs))
+        claims.append(("Fig. 6: entropy correlates with validation perplexity", "strong correlation",
+                       f"Pearson r = {r:.2f} over {len(pairs)} T2R models", verdict(r > 0.7)))
+    return claims
+
+
+# -----------------------------------------------------------------------------
+# Table 2
+
+def mt_claims(mt: list) -> list:
+    get = lambda model, init: (group(mt, model=model, init=init) or [None])[0]
+    soft, t2r, t2r_rand = get("softmax", "random"), get("t2r", "pretrained"), get("t2r", "random")
+    elu = get("elu", "pretrained")
+    paper = lambda model, init="pretrained": PAPER_MT[(model, init)]
+    claims = []
+    if soft and t2r:
+        claims.append(("T2R + pretrain reaches the transformer's BLEU (within 1 point; ours sacreBLEU, the paper's "
+                       "tokenized BLEU)", f"{paper('t2r')} vs {paper('softmax', 'random')}",
+                       f"{t2r['bleu']:.2f} vs {soft['bleu']:.2f}",
+                       verdict(soft["bleu"] - t2r["bleu"] <= COMPARABLE_BLEU)))
+    if t2r and t2r_rand:
+        claims.append(("T2R benefits from pretraining (test BLEU)",
+                       f"{paper('t2r')} vs {paper('t2r', 'random')} (random init)",
+                       f"{t2r['bleu']:.2f} vs {t2r_rand['bleu']:.2f}", verdict(t2r["bleu"] > t2r_rand["bleu"])))
+    if t2r and elu:
+        claims.append(("ELU + pretrain is comparable to T2R + pretrain (within 1 BLEU)",
+                       f"{paper('elu')} vs {paper('t2r')}", f"{elu['bleu']:.2f} vs {t2r['bleu']:.2f}",
+                       verdict(abs(elu["bleu"] - t2r["bleu"]) <= COMPARABLE_BLEU)))
+    if t2r and elu and soft and None not in (t2r["tokens_per_s"], elu["tokens_per_s"], soft["tokens_per_s"]):
+        claims.append(speed_claim(soft, t2r, elu))
+    return claims
+
+
+def speed_claim(soft: dict, t2r: dict, elu: dict) -> tuple:
+    faster = t2r["tokens_per_s"] > elu["tokens_per_s"] and t2r["tokens_per_s"] > soft["tokens_per_s"]
+    # the slowest T2R pass against the fastest of each other model: does the ordering survive the noise?
+    low = lambda r: r["tokens_per_s"] if r.get("speed_low") is None else r["speed_low"]
+    high = lambda r: r["tokens_per_s"] if r.get("speed_high") is None else r["speed_high"]
+    clear = low(t2r) > max(high(elu), high(soft))
+    passes = t2r.get("speed_passes")
+    return ("T2R decodes faster than ELU (smaller k) and than the transformer: greedy, batch 16, on the "
+            "test sentences (short: the paper's gap over softmax grows with length, Fig. 2)", PAPER_SPEED,
+            f"{t2r['tokens_per_s']:.0f} vs {elu['tokens_per_s']:.0f} (ELU) and {soft['tokens_per_s']:.0f} "
+            f"(softmax) tokens/s" + (f", medians of {passes} passes" if passes and passes > 1 else ""),
+            "**no**" if not faster else ("yes" if clear else "within noise"))
+
+
+def all_claims(results: dict) -> list:
+    """Every claim, in the order of the paper: Table 1, Figs. 4-6, Table 2."""
+    return lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"]) + mt_claims(results["mt"])

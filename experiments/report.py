@@ -1,0 +1,339 @@
+"""
+The study's report, from its results files alone: reads results/*.csv and results/machine.json (written by
+experiments/study.py) and writes
+
+    results/README.md           the full results page: tables, plots, the paper's claims with verdicts, and
+                                the command, machine and date that produced the numbers
+    results/summary.md          a short block (headline table and verdicts) for the top-level README
+    results/feature_size.png    Fig. 4 at CPU scale
+    results/attention.png       Figs. 5 and 6 at CPU scale
+
+    python experiments/report.py                     # from results/
+    python experiments/report.py --results out/study-quick/results
+
+No run folder is read: the committed CSVs are enough to regenerate the page.
+"""
+
+import argparse
+import csv
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from claims import PAPER_LM, PAPER_MT, all_claims, group, half_range, model_name  # noqa: E402
+from runtime import UserError, run_main  # noqa: E402
+from data import atomic_write  # noqa: E402
+
+CSVS = ("lm_ptb", "feature_size", "attention", "mt")
+LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pretrained"), ("rfa", "pretrained"),
+            ("t2r", "pretrained"), ("t2r75", "pretrained"), ("softmax", "random"), ("softmax", "pretrained")]
+MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained")]
+
+
+# -----------------------------------------------------------------------------
+# Reading
+
+def cell(text: str):
+    """A CSV cell: None when empty, else an int, a float or the text."""
+    if text == "":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_csv(path: str) -> list:
+    if not os.path.isfile(path):
+        raise UserError(f"no {path}: run python experiments/study.py first (or pass --results)")
+    with open(path, newline="") as f:
+        return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def read_results(results_dir: str) -> dict:
+    """{lm, fs, att, mt: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
+    pretrained_mlp_frozen."""
+    lm, fs, att, mt = (read_csv(os.path.join(results_dir, f"{name}.csv")) for name in CSVS)
+    for r in fs:
+        r["variant"] = "pretrained_mlp_frozen" if r["model"] == "t2r_mlp_frozen" else r["init"]
+    path = os.path.join(results_dir, "machine.json")
+    machine = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            machine = json.load(f)
+    return dict(lm=lm, fs=fs, att=att, mt=mt, machine=machine)
+
+
+def feature_sizes_of(results: dict) -> list:
+    return sorted({r["k"] for r in results["fs"] + results["att"] if r["k"] is not None})
+
+
+# -----------------------------------------------------------------------------
+# Where the numbers come from
+
+def machine_lines(machine: dict) -> list:
+    """One line per machine the runs ran on: device, threads, torch, date, how many runs."""
+    lines = []
+    for m in machine.get("machines", []):
+        where = (f"{m['device']}, {m['threads']} threads, torch {m['torch']}, {m['date']}" if m.get("device")
+                 else "not recorded")
+        lines.append(f"{where}: {m['runs']} runs")
+    return lines or ["not recorded"]
+
+
+def provenance(machine: dict) -> str:
+    """The command, machine and date in one line (under each figure, on each plot)."""
+    if not machine.get("command"):
+        return "an unrecorded command on an unrecorded machine (no machine.json)"
+    return f"`{machine['command']}` on {'; '.join(machine_lines(machine))}"
+
+
+def partial_banner(machine: dict) -> list:
+    done, total = machine.get("runs_finished"), machine.get("runs_planned")
+    attention = machine.get("attention_analysis", True)
+    if done == total and attention:
+        return []
+    return [f"**Partial: {done} of {total} runs finished{'' if attention else ', attention analysis not run'}. "
+            f"Missing rows are runs not yet made; a verdict can change when they are.**", ""]
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+def mean_spread(values: list) -> str:
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {half_range(values):.2f}"
+
+
+def lm_table(lm: list) -> list:
+    lines = ["| model | k | seeds | valid ppl | test ppl | train minutes | paper valid / test (WT103) |",
+             "|---|---|---|---|---|---|---|"]
+    for model, init in LM_ORDER:
+        rows = group(lm, model=model, init=init)
+        if not rows:
+            continue
+        paper = PAPER_LM.get((model, init))
+        lines.append(f"| {model_name(model, init)} | {rows[0]['k'] or '-'} | {len(rows)} | "
+                     f"{mean_spread([r['valid_ppl'] for r in rows])} | {mean_spread([r['test_ppl'] for r in rows])} | "
+                     f"{mean_spread([r['train_minutes'] for r in rows])} | "
+                     f"{f'{paper.valid} / {paper.test}' if paper else 'not in the paper'} |")
+    return lines
+
+
+def feature_table(results: dict) -> list:
+    fs, att = results["fs"], results["att"]
+    columns = [("valid ppl, pretrain", fs, "variant", "pretrained", "valid_ppl", 2),
+               ("valid ppl, random init", fs, "variant", "random", "valid_ppl", 2),
+               ("valid ppl, MLP frozen", fs, "variant", "pretrained_mlp_frozen", "valid_ppl", 2),
+               ("distance before finetuning", att, "stage", "before_finetuning", "distance", 4),
+               ("distance finetuned", att, "stage", "finetuned", "distance", 4),
+               ("distance MLP frozen", att, "stage", "mlp_frozen", "distance", 4),
+               ("entropy finetuned", att, "stage", "finetuned", "entropy", 2),
+               ("entropy random init", att, "stage", "random_init", "entropy", 2),
+               ("entropy MLP frozen", att, "stage", "mlp_frozen", "entropy", 2)]
+    lines = ["| k | " + " | ".join(c[0] for c in columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for k in feature_sizes_of(results):
+        cells = []
+        for _, rows, key, value, column, digits in columns:
+            found = [r[column] for r in rows if r[key] == value and r["k"] == k and r[column] is not None]
+            cells.append(f"{found[0]:.{digits}f}" if found else "-")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def teacher_entropy(att: list) -> list:
+    """The softmax teacher's entropy, the reference for the T2R columns (it has no distance to itself)."""
+    teacher = group(att, stage="teacher")
+    if not teacher:
+        return []
+    return [f"Entropy in nats; the softmax teacher's: {teacher[0]['entropy']:.2f}. Distance: to the teacher's "
+            f"distribution of the same window, layer and head.", ""]
+
+
+def mt_table(mt: list) -> list:
+    lines = ["| model | k cross | k causal | test BLEU | valid BLEU | test tok. BLEU | "
+             "greedy tokens/s, batch 16 (range) | train minutes | paper BLEU (WMT14 EN-DE) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    number = lambda value, digits: "-" if value is None else f"{value:.{digits}f}"
+    for model, init in MT_ORDER:
+        for r in group(mt, model=model, init=init):
+            speed = number(r["tokens_per_s"], 0)
+            if r.get("speed_low") is not None and r["speed_low"] != r["speed_high"]:
+                speed += f" ({r['speed_low']:.0f}-{r['speed_high']:.0f})"
+            lines.append(f"| {model_name(model, init)} | {r['k_cross'] or '-'} | {r['k_causal'] or '-'} | "
+                         f"{r['bleu']:.2f} | {number(r.get('valid_bleu'), 2)} | {number(r.get('tok_bleu'), 2)} | "
+                         f"{speed} | {number(r.get('train_minutes'), 1)} | {PAPER_MT[(model, init)]} |")
+    return lines
+
+
+def claims_table(claims: list) -> list:
+    lines = ["| claim | paper | ours | held |", "|---|---|---|---|"]
+    lines += [f"| {c} | {paper} | {ours} | {held} |" for c, paper, ours, held in claims]
+    return lines
+
+
+def held_count(claims: list) -> str:
+    return f"{sum(held == 'yes' for *_, held in claims)} of {len(claims)}"
+
+
+# -----------------------------------------------------------------------------
+# Plots: the numbers of the tables, each with the command, machine and date at its foot
+
+def new_figure(ncols: int, width: float):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, ncols, figsize=(width, 3.9))
+    return plt, fig, ([axes] if ncols == 1 else list(axes))
+
+
+def finish_figure(plt, fig, axes, ks: list, machine: dict, path: str):
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ks, [str(k) for k in ks])
+        ax.set_xlabel("feature size k")
+    fig.text(0.01, 0.01, provenance(machine).replace("`", ""), fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    with atomic_write(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def plot_feature_size(results: dict, path: str):
+    plt, fig, (ax,) = new_figure(1, 5)
+    for variant, label, marker in (("pretrained", "T2R + pretrain", "o"), ("random", "T2R + random init", "s"),
+                                   ("pretrained_mlp_frozen", "T2R + pretrain, MLP frozen", "^")):
+        rows = sorted(group(results["fs"], variant=variant), key=lambda r: r["k"])
+        if rows:
+            ax.plot([r["k"] for r in rows], [r["valid_ppl"] for r in rows], marker=marker, label=label)
+    ax.set_ylabel("PTB validation perplexity")
+    ax.set_title("Fig. 4 at CPU scale")
+    ax.legend()
+    finish_figure(plt, fig, [ax], feature_sizes_of(results), results["machine"], path)
+
+
+def plot_attention(results: dict, path: str):
+    plt, fig, (left, right) = new_figure(2, 9)
+    att = results["att"]
+    stages = (("before_finetuning", "T2R before finetuning", "x"), ("finetuned", "T2R (finetuned)", "o"),
+              ("mlp_frozen", "T2R MLP frozen", "^"), ("random_init", "T2R + random init", "s"))
+    for stage, label, marker in stages:
+        rows = sorted(group(att, stage=stage), key=lambda r: r["k"])
+        if rows and rows[0]["distance"] is not None:
+            left.plot([r["k"] for r in rows], [r["distance"] for r in rows], marker=marker, label=label)
+        if rows:
+            right.plot([r["k"] for r in rows], [r["entropy"] for r in rows], marker=marker, label=label)
+    teacher = group(att, stage="teacher")
+    if teacher:
+        right.axhline(teacher[0]["entropy"], color="gray", linestyle="--", label="softmax teacher")
+    for ax, ylabel, title in ((left, "mean Euclidean distance to the teacher", "Fig. 5"),
+                              (right, "mean attention entropy (nats)", "Fig. 6")):
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title} at CPU scale")
+        ax.legend(fontsize=7)
+    finish_figure(plt, fig, [left, right], feature_sizes_of(results), results["machine"], path)
+
+
+# -----------------------------------------------------------------------------
+# The pages
+
+FILES = [  # (file, one row per, its columns), the last table of the page
+    ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, t2r, t2r75), `init` (random; pretrained = converted "
+     "from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, `test_ppl`, "
+     "`train_minutes` (for pretrained rows the finetuning only)"),
+    ("feature_size.csv", "Fig. 4 run (seed 0)", "`model` (t2r, or t2r_mlp_frozen: the feature-map MLP frozen while "
+     "finetuning), `init`, `k`, `seed`, `valid_ppl`, `test_ppl`, `train_minutes`"),
+    ("attention.csv", "model in Figs. 5-6", "`stage` (teacher; before_finetuning: the teacher swapped to T2R, "
+     "untrained; finetuned; mlp_frozen; random_init), `k`, `distance` (to the teacher's distribution of the same "
+     "window, layer and head), `entropy` (nats, over the rows that are not empty), `empty_rows` (the fraction of "
+     "rows whose ReLU features are all zero), `valid_ppl`, `windows`"),
+    ("mt.csv", "Table 2 run", "`model`, `init`, `k_cross`, `k_causal`, `bleu` (test, sacreBLEU), `valid_bleu`, "
+     "`tok_bleu` (test, tokenized), `tokens_per_s` (greedy, batch 16, test sentences: the median of `speed_passes` "
+     "passes, from `speed_low` to `speed_high`), `train_minutes`"),
+    ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished")]
+
+
+def results_page(results: dict, claims: list) -> list:
+    machine = results["machine"]
+    figure = lambda name, title, source: [f"![{title}]({name})", "",
+                                          f"*{title}, drawn from `{source}`; the runs: {provenance(machine)}.*", ""]
+    return ["<!-- written by experiments/report.py from the CSVs and machine.json beside it; do not edit -->",
+            "# The paper's findings at CPU scale", "",
+            "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU, and "
+            f"each of the paper's claims checked against our numbers: **{held_count(claims)} held**. Produced by "
+            f"{provenance(machine)}. `python experiments/report.py` rewrites this page from the files beside it.", "",
+            *partial_banner(machine),
+            "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
+            "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only.", "",
+            "## Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(results), "",
+            *teacher_entropy(results["att"]),
+            *figure("feature_size.png", "Fig. 4 at CPU scale", "feature_size.csv"),
+            *figure("attention.png", "Figs. 5 and 6 at CPU scale", "attention.csv"),
+            "## Translation (Table 2, LibreOffice help en-de)", "", *mt_table(results["mt"]), "",
+            "## The paper's claims and ours", "", *claims_table(claims), "",
+            "## Where and when", "",
+            f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "
+            "machine):", "", *[f"- {line}" for line in machine_lines(machine)], "",
+            *([machine["note"], ""] if machine.get("note") else []),
+            "## The files", "", "Floats to 4 decimals; an empty cell where a value does not apply.", "",
+            "| file | one row per | columns |", "|---|---|---|",
+            *[f"| `{f}` | {row} | {cols} |" for f, row, cols in FILES], ""]
+
+
+def summary_page(results: dict, claims: list, link: str) -> list:
+    """Under 40 lines, for the top-level README: the headline numbers beside the paper's, and every verdict."""
+    lm, mt = results["lm"], results["mt"]
+    rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
+            ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained")]
+    lines = [f"**{held_count(claims)} of the paper's claims held at CPU scale** ({provenance(results['machine'])}). "
+             f"Tables, plots and every claim: [{link}]({link}).", "",
+             "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
+    for model, init in rows:
+        ppl = [r["test_ppl"] for r in group(lm, model=model, init=init)]
+        bleu = group(mt, model=model, init=init)
+        paper_lm, paper_mt = PAPER_LM.get((model, init)), PAPER_MT.get((model, init))
+        lines.append(f"| {model_name(model, init)} | {mean_spread(ppl)}" + (f" ({paper_lm.test})" if paper_lm else "")
+                     + " | " + (f"{bleu[0]['bleu']:.2f}" + (f" ({paper_mt})" if paper_mt else "") if bleu else "-")
+                     + " |")
+    lines += ["", "Verdicts:", ""]
+    lines += [f"- {held}: {claim}" for claim, _, _, held in claims]
+    return lines + [""]
+
+
+def write_text(path: str, lines: list):
+    with atomic_write(path) as tmp, open(tmp, "w") as f:
+        f.write("\n".join(lines))
+
+
+def write_report(results_dir: str):
+    results = read_results(results_dir)
+    claims = all_claims(results)
+    if results["fs"]:
+        plot_feature_size(results, os.path.join(results_dir, "feature_size.png"))
+    if results["att"]:
+        plot_attention(results, os.path.join(results_dir, "attention.png"))
+    link = os.path.relpath(os.path.join(results_dir, "README.md"), ROOT)
+    write_text(os.path.join(results_dir, "README.md"), results_page(results, claims))
+    write_text(os.path.join(results_dir, "summary.md"), summary_page(results, claims, link))
+    print("\n".join(summary_page(results, claims, link)))
+    print(f"wrote {os.path.relpath(results_dir)}/README.md, summary.md and the plots")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="The study's results page, from results/*.csv alone.")
+    p.add_argument("--results", default=os.path.join(ROOT, "results"),
+                   help="the folder with the CSVs and machine.json; the page and plots are written there")
+    write_report(os.path.abspath(p.parse_args(argv).results))
+
+
+if __name__ == "__main__":
+    run_main(main)
