@@ -15,7 +15,7 @@ import torch
 import bench
 import bench_tools
 from conftest import assert_one_line_error, run
-from training import run_main
+from runtime import run_main
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ CPU, tiny sizes, no downloads: the LibreOffice packages and Multi30k are faked.
 import gzip
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -234,9 +235,10 @@ def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
     assert results["beam"] == 2 and results["test"]["sentences"] == 2  # the run's decoding flags, not defaults
 
 
-def test_a_truncated_snapshot_is_a_one_line_error(tmp_path):
-    corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
-    train_mt("--dataset", corpus, "--max_steps", "6", *MT_TINY, "--stop_at", "5", "--out_dir", "r", cwd=tmp_path)
+def test_a_truncated_snapshot_is_a_one_line_error(trained_translator, tmp_path):
+    """A finished run resumed rewrites model.pt from its snapshots: a damaged one is named, not a traceback."""
+    tmp, _, _ = trained_translator
+    shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
     snapshot = sorted((tmp_path / "r").glob("snapshot_*.pt"))[-1]
     snapshot.write_bytes(snapshot.read_bytes()[:100])
     result = train_mt("--resume", "--out_dir", "r", cwd=tmp_path, check=False)

@@ -21,11 +21,12 @@ import torch
 import torch.nn.functional as F
 
 import data
+from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
+                 resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
-from training import (Task, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, get_lr,
-                      load_teacher, main_job, resolve_run_flags, student_of)
+from training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.

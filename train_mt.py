@@ -22,11 +22,12 @@ import torch.nn.functional as F
 
 import mt_data
 from mt_data import PAD_ID
+from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
+                 resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
-from training import (Task, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher,
-                      get_lr_inverse_sqrt, load_teacher, main_job, resolve_run_flags, student_of)
+from training import Task, get_lr_inverse_sqrt
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)

@@ -24,8 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from claims import PAPER_LM, PAPER_MT, all_claims, group, half_range, model_name  # noqa: E402
-from runtime import UserError, run_main  # noqa: E402
-from data import atomic_write  # noqa: E402
+from runtime import UserError, atomic_write, run_main  # noqa: E402
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
 LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pretrained"), ("rfa", "pretrained"),

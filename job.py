@@ -1,0 +1,198 @@
+"""
+What a trainer's command line does around the training loop: the flags both trainers share, and the job.
+
+    main_job(Task, args)   one run; or, with --init pretrained, the softmax teacher first if it is missing, then
+                           the swap of section 2.2 and the finetuning, then both in a table
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, load_checkpoint,
+                     non_negative_float, non_negative_int, positive_float, positive_int, print_config, serializable,
+                     setup_distributed, take_saved_flags)
+from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
+from training import evaluate_finished, train
+
+
+# -----------------------------------------------------------------------------
+# The flags both trainers share
+
+# The flags that belong to one invocation of a run; all others define the run, and --resume or --eval_only
+# take them from it (a resumed run is the same run: its evaluation, precision and logging included).
+INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device", "pretrained_given"}
+
+
+def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
+    """--dataset and --data_dir; returns their group, for the trainer's own data flags."""
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=dataset, help=dataset_help)
+    g.add_argument("--data_dir", default=None, help=data_dir_help)
+    return g
+
+
+def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
+    """The model flags both trainers share; returns their group, for the trainer's own."""
+    g = p.add_argument_group("model (ignored with --init pretrained: the teacher's sizes are used)")
+    g.add_argument("--n_layer", type=positive_int, default=None, help=f"(decoder) layers (default {defaults['n_layer']})")
+    g.add_argument("--n_head", type=positive_int, default=None, help=f"attention heads r (default {defaults['n_head']})")
+    g.add_argument("--d_model", type=positive_int, default=None, help=f"model width h (default {defaults['d_model']})")
+    g.add_argument("--d_ff", type=positive_int, default=None, help=f"feed-forward width (default {defaults['d_ff']})")
+    g.add_argument("--dropout", type=fraction, default=dropout, help="dropout on embeddings, sublayers and the feed-forward layer")
+    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged: a control)")
+    g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
+    g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
+    return g
+
+
+def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, eval_interval: int):
+    """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
+    g = p.add_argument_group("initialisation")
+    g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing)")
+    g = p.add_argument_group("training")
+    r, f = schedules["random"], schedules["pretrained"]
+    g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
+    g.add_argument("--grad_accum", type=positive_int, default=1, help="micro-batches per optimizer step")
+    g.add_argument("--lr", type=positive_float, default=None, help=f"peak learning rate (default {r['lr']:g} random, {f['lr']:g} pretrained)")
+    g.add_argument("--warmup_steps", type=positive_int, default=None, help="warmup steps (default: a fraction of max_steps)")
+    g.add_argument("--weight_decay", type=non_negative_float, default=weight_decay, help="AdamW weight decay on matrices")
+    g.add_argument("--grad_clip", type=non_negative_float, default=1.0, help="clip the gradient norm (0: off)")
+    g.add_argument("--seed", type=int, default=1337, help="seed of the initialisation, dropout and batch order")
+    g.add_argument("--stop_at", type=non_negative_int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
+    s = p.add_argument_group("system")
+    s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default out/<dataset>-<attn>-<init>)")
+    s.add_argument("--resume", action="store_true", help="continue the run in <out_dir> exactly where it stopped")
+    s.add_argument("--eval_only", action="store_true", help="evaluate <out_dir>/model.pt on valid and test, then exit")
+    s.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto: bf16/fp16 on CUDA, fp32 on CPU)")
+    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: on for CUDA, off on CPU)")
+    s.add_argument("--log_interval", type=positive_int, default=log_interval, help="steps between log lines")
+    s.add_argument("--eval_interval", type=positive_int, default=eval_interval, help="steps between evaluations and checkpoints")
+    return g
+
+
+def adopt_saved_run(parser, argv, default_out_dir):
+    """Parse the flags; --resume and --eval_only take every flag not given from the run in out_dir."""
+    args = parser.parse_args(argv)
+    args.explicit = explicit_flags(parser, argv)
+    if args.resume or args.eval_only:
+        attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
+        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS)
+    return args
+
+
+def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, default_out_dir):
+    """The defaults that depend on other flags, and the checks every trainer shares.
+    default_out_dir(args, attn, init) names a run's folder."""
+    args.attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
+    schedule = schedules[args.init]
+    args.max_steps = schedule["max_steps"] if args.max_steps is None else args.max_steps
+    args.lr = schedule["lr"] if args.lr is None else args.lr
+    if args.warmup_steps is None:
+        args.warmup_steps = max(1, args.max_steps // warmup_divisor)
+    args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
+    args.pretrained_given = "pretrained" in args.explicit
+    args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
+    return args
+
+
+# -----------------------------------------------------------------------------
+# The conversion job (section 2.2): train the softmax teacher if it is missing, swap its attention, finetune
+
+def main_job(task_class, args):
+    """A trainer's main(): one run, or with --init pretrained the teacher (when missing), then the student."""
+    ddp = setup_distributed()
+    if ddp.is_main:
+        print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
+    try:
+        return run_job(task_class, args, ddp)
+    finally:
+        if ddp.enabled:
+            dist.destroy_process_group()
+
+
+def run_job(task_class, args, ddp: Distributed):
+    if args.eval_only:
+        return evaluate_finished(task_class(args, ddp))
+    if args.init != "pretrained" or args.resume:
+        return train(task_class(args, ddp))
+    teacher_results = None
+    if not args.pretrained_given and not os.path.isfile(args.pretrained):
+        print(f"no finished softmax teacher at {args.pretrained}: training it first")
+        teacher = teacher_args(args, task_class.SCHEDULES, task_class.teacher_overrides(args))
+        teacher_results = train(task_class(teacher, ddp))
+    results = train(task_class(args, ddp))
+    if ddp.is_main and results:
+        teacher_results = teacher_results or read_results(os.path.dirname(args.pretrained))
+        rows = [("softmax (pretrained)", teacher_results)] if teacher_results else []
+        task_class.print_table(rows + [(results["attn"], results)])
+    return results
+
+
+def teacher_args(args, schedules: dict, overrides: dict):
+    """The flags of the softmax teacher that --init pretrained converts. Its budget stands to the finetuning
+    budget as the paper's pretraining to its finetuning (appendix Tables 3-6): the default schedules' ratio."""
+    teacher = argparse.Namespace(**vars(args))
+    teacher.attn, teacher.init, teacher.out_dir = "softmax", "random", os.path.dirname(args.pretrained)
+    steps = schedules["random"]["max_steps"] / schedules["pretrained"]["max_steps"]
+    teacher.max_steps, teacher.warmup_steps = round(args.max_steps * steps), round(args.warmup_steps * steps)
+    teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
+    teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
+    teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
+    vars(teacher).update(overrides)
+    return teacher
+
+
+def load_teacher(args, what: str) -> dict:
+    """The checkpoint --init pretrained converts: finished, with finite weights."""
+    checkpoint = load_checkpoint(args.pretrained, what)
+    if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
+        raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
+                        f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")
+    bad = [name for name, tensor in checkpoint["model"].items()
+           if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise UserError(f"{args.pretrained} has NaN or inf weights ({bad[0]}{' and more' if bad[1:] else ''}): "
+                        f"it cannot be converted; retrain the teacher")
+    return checkpoint
+
+
+def check_teacher(checkpoint: dict, args, model_flags: tuple):
+    config = checkpoint["config"]
+    kinds = set(Config(**config).layer_kinds()) | ({config["cross_attn"]} if config.get("n_encoder_layer") else set())
+    if kinds != {"softmax"}:
+        raise UserError(f"{args.pretrained} is already converted (attention {sorted(kinds)}): "
+                        f"--init pretrained needs a softmax model")
+    for name in model_flags:
+        if getattr(args, name) is not None and getattr(args, name) != config[name]:
+            raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
+                            f"drop the flag (the teacher's sizes are used)")
+
+
+def student_of(teacher, args, **convert_options):
+    """The model that finetuning starts from: the teacher with its attention swapped (section 2.2), or, with
+    --attn softmax, the teacher itself (a control: the same finetuning budget without the swap)."""
+    teacher.config.dropout, teacher.config.chunk_size = args.dropout, args.chunk_size  # finetuning's own
+    teacher.config.layer_dropout = getattr(args, "layer_dropout", teacher.config.layer_dropout)
+    if args.attn == "softmax":
+        print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
+        return teacher
+    model = convert(teacher, args.attn, args.feature_size, **convert_options)
+    causal, cross = feature_sizes(model.config)
+    print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
+          + "; new parameters: feature maps only")
+    return model
+
+
+def read_results(out_dir: str):
+    path = os.path.join(out_dir, "results.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    return None
