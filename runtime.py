@@ -275,16 +275,25 @@ def save_checkpoint(path: str, checkpoint: dict):
 
 
 def write_json(path: str, values: dict):
-    with atomic_write(path) as tmp, open(tmp, "w") as f:
+    with writable(path), atomic_write(path) as tmp, open(tmp, "w") as f:
         json.dump(values, f, indent=1)
 
 
 def write_csv(path: str, rows: list[dict], columns: list[str] | None = None):
     """A results table; None becomes an empty cell."""
-    with atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
+    with writable(path), atomic_write(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+
+
+@contextlib.contextmanager
+def writable(path: str):
+    """A file that cannot be written (a folder of that name, a read-only place) is a one-line error."""
+    try:
+        yield
+    except OSError as error:
+        raise UserError(f"could not write {path} ({error.strerror or error}): pick another path") from None
 
 
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:

@@ -165,6 +165,14 @@ def test_cuda_on_a_machine_without_it_is_refused(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--temperature", "nan"], "--temperature: nan is not a finite number >= 0"),
+    (["--num_tokens", "0"], "--num_tokens: 0 is not a positive integer"),
+])
+def test_generate_flags_are_refused_before_any_work(capsys, argv, message):
+    assert_flags_refused(generate.get_args, argv, message, capsys)
+
+
+@pytest.mark.parametrize("argv, message", [
     (["--ckpt", "nope.pt"], "no checkpoint"),
     (["--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "  "], "empty"),
 ])
@@ -308,6 +316,13 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file(tmp_path, m
         runtime.save_checkpoint(str(path), {"step": 2})
     monkeypatch.undo()
     assert torch.load(path, weights_only=True) == {"step": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_a_table_written_over_a_folder_is_a_one_line_error(tmp_path):
+    (tmp_path / "table.csv").mkdir()  # e.g. analyze_attention.py --csv DIR
+    with pytest.raises(runtime.UserError, match="could not write .*table.csv"):
+        runtime.write_csv(str(tmp_path / "table.csv"), [{"a": 1}])
+    assert os.listdir(tmp_path) == ["table.csv"]  # no temporary file left beside it
 
 
 def test_generation_memory_does_not_grow_with_the_length():
