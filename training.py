@@ -8,7 +8,6 @@ train_lm.py and train_mt.py each define a Task: their data, their loss, their ev
 runs it (one run, or the conversion of section 2.2). Also here: the learning-rate schedules and the optimizer.
 """
 
-import fcntl
 import math
 import os
 import signal
@@ -20,6 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
+
+try:
+    import fcntl  # the out_dir lock is POSIX only: elsewhere runs go without it
+except ImportError:
+    fcntl = None
 
 from runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng, get_device,
                      load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
@@ -267,7 +271,8 @@ def lock_out_dir(task: Task):
     except OSError as error:
         raise UserError(f"cannot write to --out_dir {out_dir} ({error.strerror}): pick a writable folder") from None
     try:
-        fcntl.flock(task.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the system when the process ends
+        if fcntl:
+            fcntl.flock(task.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the system when the process ends
     except BlockingIOError:
         raise UserError(f"another run is using {out_dir} (it holds {out_dir}/.lock): wait for it to finish, "
                         f"or pick another --out_dir") from None
