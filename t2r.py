@@ -49,6 +49,7 @@ class Config:
     attn: str | list = "softmax"    # causal self-attention kind: one for all layers, or a list, one per layer
     feature_size: int = 32          # k of the causal self-attention (t2r, rfa); elu always has k = d
     chunk_size: int = 64            # chunk length of the causal linear attention in training; 0: quadratic form
+    window: int = 0                 # causal linear layers attend with softmax to the last W tokens (0: none)
     n_encoder_layer: int = 0        # encoder layers of Seq2SeqTransformer (its encoder is always softmax)
     cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
     cross_feature_size: int = 32    # k of the cross attention
@@ -56,7 +57,7 @@ class Config:
 
     def __post_init__(self):
         for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
-                            ("n_encoder_layer", 0), ("chunk_size", 0)):
+                            ("n_encoder_layer", 0), ("chunk_size", 0), ("window", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
@@ -217,6 +218,11 @@ def linear_attention_noncausal(fq, fk, v, key_mask=None):
 def linear_attention_chunked(fq, fk, v, chunk_size: int):
     """Causal linear attention with memory linear in T: the masked quadratic form inside each chunk
     of C positions, plus the running state (S, z) of Eq. 5 of every earlier chunk."""
+    return normalize(*linear_attention_chunked_sums(fq, fk, v, chunk_size))
+
+
+def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
+    """The numerator (B, H, T, d) and denominator (B, H, T) of Eq. 4 in the chunked form, not yet divided."""
     B, H, T, k = fq.shape
     d = v.shape[-1]
     C = chunk_size
@@ -237,7 +243,7 @@ def linear_attention_chunked(fq, fk, v, chunk_size: int):
     z = F.pad(fk.sum(-2).cumsum(2), (0, 0, 1, -1))  # (B, H, n, k)
     numerator = numerator + fq @ S
     denominator = denominator + (fq * z[:, :, :, None, :]).sum(-1)
-    return normalize(numerator, denominator).view(B, H, n * C, d)[:, :, :T]
+    return numerator.view(B, H, n * C, d)[:, :, :T], denominator.view(B, H, n * C)[:, :, :T]
 
 
 def linear_attention_step(fq, fk, v, S, z):
@@ -255,6 +261,73 @@ def read_state(fq, S, z):
     # Eq. 7: out_i = (phi(q_i)^T S_i / phi(q_i)^T z_i)^T
     numerator = torch.bmm(fq.reshape(B * H, 1, k), S.view(B * H, k, d)).view(B, H, d)
     return normalize(numerator, (fq * z).sum(-1))
+
+
+# -----------------------------------------------------------------------------
+# The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
+# tokens, the linear feature map over everything before them, in one normalisation:
+#   out_i = ( sum_{i-W<j<=i} g exp(s_ij - m_i) v_j + sum_{j<=i-W} phi(q_i).phi(k_j) v_j )
+#           / ( sum_{i-W<j<=i} g exp(s_ij - m_i)     + sum_{j<=i-W} phi(q_i).phi(k_j) )
+#   s_ij = q_i.k_j / sqrt(d),  m_i = max over the window,  g > 0 learned per head
+# W >= T is softmax attention; W = 0 is plain linear attention. Shapes as above, q and k (B, H, T, d) too;
+# gate (H,) is g.
+
+def window_weights(q, k, fq, fk, window: int, gate):
+    """The (B, H, T, T) unnormalised weights of the hybrid: the readable reference, O(T^2)."""
+    T = q.shape[2]
+    i, j = torch.arange(T, device=q.device)[:, None], torch.arange(T, device=q.device)[None, :]
+    in_window, before = (j <= i) & (j > i - window), j <= i - window  # (T, T)
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~in_window, float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).min)  # finite also when W = 0
+    # the two sums of the numerator and denominator, term by term: g exp(s_ij - m_i) and phi(q_i).phi(k_j)
+    return gate[:, None, None] * torch.exp(s - m) + (fq @ fk.transpose(-1, -2)) * before
+
+
+def window_attention_quadratic(q, k, fq, fk, v, window: int, gate):
+    weights = window_weights(q, k, fq, fk, window, gate)
+    return normalize(weights @ v, weights.sum(-1))
+
+
+def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int):
+    """The same with memory linear in T: each chunk of C queries against the C + W - 1 keys that can be in
+    their windows, and the linear part as causal linear attention on keys and values W positions late."""
+    B, H, T, d = v.shape
+    C, W = chunk_size, window
+    # sum_{j<=i-W} phi(q_i).phi(k_j) v_j: key j counts from query j + W on
+    late = (F.pad(t, (0, 0, W, 0))[:, :, :T] for t in (fk, v))
+    numerator, denominator = linear_attention_chunked_sums(fq, *late, C)
+    if W == 0:
+        return normalize(numerator, denominator)
+    pad = -T % C
+    n = (T + pad) // C
+    qc = F.pad(q, (0, 0, 0, pad)).view(B, H, n, C, d)  # (B, H, n, C, d)
+    kc, vc = (F.pad(t, (0, 0, W - 1, pad)).unfold(2, C + W - 1, C).transpose(-1, -2) for t in (k, v))
+    a, b = torch.arange(C, device=q.device)[:, None], torch.arange(C + W - 1, device=q.device)[None, :]
+    start = torch.arange(n, device=q.device)[:, None, None] * C - (W - 1)  # position of each block's key 0
+    mask = (b >= a) & (b <= a + W - 1) & (start + b >= 0)  # (n, C, C + W - 1): in the window, not padding
+    s = (qc @ kc.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, float("-inf"))  # (B, H, n, C, C+W-1)
+    e = gate[:, None, None, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
+    numerator = numerator + (e @ vc).view(B, H, n * C, d)[:, :, :T]
+    denominator = denominator + e.sum(-1).view(B, H, n * C)[:, :, :T]
+    return normalize(numerator, denominator)
+
+
+def window_attention_step(q, k, fq, v, state, window: int, gate, feature_map):
+    """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
+    buffer and (S, z) of the tokens that have left it: O(W d + k d) per head at every length."""
+    t, slot = state["length"], state["length"] % window
+    if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
+        fk_old = feature_map(state["k"][:, :, slot:slot + 1])[0][:, :, 0]  # (B, H, k)
+        S, z, v_old = state["S"], state["z"], state["v"][:, :, slot]
+        S.view(-1, *S.shape[2:]).baddbmm_(fk_old.reshape(-1, fk_old.shape[-1], 1), v_old.reshape(-1, 1, v.shape[-1]))
+        z.add_(fk_old)
+    state["k"][:, :, slot], state["v"][:, :, slot] = k, v
+    state["length"] = t + 1
+    keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)
+    s = (keys @ q[..., None])[..., 0] / math.sqrt(q.shape[-1])  # (B, H, min(t + 1, W))
+    e = gate[:, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
+    numerator = (e[:, :, None] @ values)[:, :, 0] + (fq[:, :, None] @ state["S"])[:, :, 0]
+    return normalize(numerator, e.sum(-1) + (fq * state["z"]).sum(-1))
 
 
 # -----------------------------------------------------------------------------
@@ -336,11 +409,13 @@ class SoftmaxAttention(Attention):
 class LinearAttention(Attention):
     """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
 
-    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0):
+    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0, window=0):
         super().__init__(d_model, n_head, causal)
-        self.kind, self.chunk_size = kind, chunk_size
+        self.kind, self.chunk_size, self.window = kind, chunk_size, window
         self.feature_size = self.d_head if kind == "elu" else feature_size
         self.feature_map = make_feature_map(kind, n_head, self.d_head, feature_size)
+        if window:  # log g of the hybrid, per head: g = 1 at the start
+            self.window_gate = nn.Parameter(torch.zeros(n_head))
 
     def features(self, x, source):
         """phi(q), phi(k), v in float32 (float64 for a float64 model): (B, H, T, k), (B, H, S, k), (B, H, S, d)."""
@@ -351,6 +426,8 @@ class LinearAttention(Attention):
         return fq, fk, v.to(dtype)
 
     def forward(self, x, source=None, key_mask=None):
+        if self.window and source is None:
+            return self.merge(self.window_forward(x).to(x.dtype))
         fq, fk, v = self.features(x, x if source is None else source)
         with full_precision(x.device):
             if source is not None or not self.causal:
@@ -361,9 +438,25 @@ class LinearAttention(Attention):
                 out = linear_attention_quadratic(fq, fk, v, causal=True)
         return self.merge(out.to(x.dtype))
 
+    def window_forward(self, x):
+        """The sliding-window hybrid, causal self-attention: (B, H, T, d) in float32."""
+        q, k, v = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
+        with full_precision(x.device):
+            fq, fk = self.feature_map(q, k)
+            gate = self.window_gate.to(q.dtype).exp()
+            if self.chunk_size:
+                return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
+            return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
+
     def attention_weights(self, x):
-        """The causal weights sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 as a (B, H, T, T) matrix
-        (float32), for the analysis of section 4. The forms above never build it."""
+        """The causal weights sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 (of the hybrid, for window layers)
+        as a (B, H, T, T) matrix (float32), for the analysis of section 4. The forms above never build it."""
+        if self.window:
+            q, k, _ = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
+            with full_precision(x.device):
+                fq, fk = self.feature_map(q, k)
+                weights = window_weights(q, k, fq, fk, self.window, self.window_gate.to(q.dtype).exp())
+                return normalize(weights, weights.sum(-1))
         fq, fk, _ = self.features(x, x)
         with full_precision(x.device):
             sim = masked_similarity(fq, fk, causal=True)  # (B, H, T, T)
@@ -374,9 +467,20 @@ class LinearAttention(Attention):
         dtype = state_dtype(dtype)
         S = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head, device=device, dtype=dtype)
         z = torch.zeros(batch_size, self.n_head, self.feature_size, device=device, dtype=dtype)
-        return {"S": S, "z": z}
+        if not self.window:
+            return {"S": S, "z": z}
+        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=dtype)
+        return {"S": S, "z": z, "k": ring, "v": ring.clone(), "length": 0}  # the last W keys and values
 
     def step(self, x, state):
+        if self.window:
+            q, k, v = (t.to(state["S"].dtype) for t in self.project(x[:, None], x[:, None]))  # (B, H, 1, d)
+            with full_precision(x.device):
+                (fq,) = self.feature_map(q)
+                gate = self.window_gate.to(q.dtype).exp()
+                out = window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v[:, :, 0], state, self.window,
+                                            gate, self.feature_map)
+            return self.merge(out[:, :, None].to(x.dtype))[:, 0]
         fq, fk, v = self.features(x[:, None], x[:, None])  # (B, H, 1, .)
         with full_precision(x.device):
             out = linear_attention_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state["S"], state["z"])
@@ -417,8 +521,8 @@ class LinearAttention(Attention):
 def make_attention(kind: str, config: Config, causal: bool, feature_size: int) -> Attention:
     if kind == "softmax":
         return SoftmaxAttention(config.d_model, config.n_head, causal)
-    chunk = config.chunk_size if causal else 0
-    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size, chunk)
+    chunk, window = (config.chunk_size, config.window) if causal else (0, 0)
+    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size, chunk, window)
 
 
 # -----------------------------------------------------------------------------
@@ -630,16 +734,18 @@ def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int) -> list:
 
 
 def is_feature_map_parameter(name: str) -> bool:
-    return ".feature_map." in name
+    """The parameters a conversion adds: the feature maps, and the window layers' gates."""
+    return ".feature_map." in name or name.endswith(".window_gate")
 
 
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None,
-            keep_softmax_every: int = 0, cross_feature_size: int = 32) -> TransformerBase:
+            keep_softmax_every: int = 0, cross_feature_size: int = 32, window: int = 0) -> TransformerBase:
     """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`.
 
     Every pretrained weight is copied; only the feature-map parameters are new. The encoder of a
     translator is left alone; its decoder's causal attention defaults to k=4 and its cross attention to
     k=32, the language model's attention to k=32 (section 3.2). Finetune the result on the task.
+    window=W makes every converted causal layer the sliding-window hybrid (softmax over the last W tokens).
     """
     config = model.config
     is_seq2seq = isinstance(model, Seq2SeqTransformer)
@@ -653,7 +759,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
         feature_size = 4 if is_seq2seq else 32
     new_config = replace(
         config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every), feature_size=feature_size,
-        cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size)
+        cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size, window=window)
     student = type(model)(new_config)
     copy_pretrained(model, student)
     p = next(model.parameters())
@@ -680,7 +786,8 @@ def fold(model: TransformerBase) -> TransformerBase:
     q and k are never formed, and the outputs are unchanged."""
     folded = copy.deepcopy(model).eval()
     for module in folded.modules():
-        if isinstance(module, LinearAttention) and module.kind == "t2r":
+        # a window layer stays as it is: its softmax needs q and k themselves, which folding would not form
+        if isinstance(module, LinearAttention) and module.kind == "t2r" and not module.window:
             module.fold_()
-    folded.folded = True
+    folded.folded = any(isinstance(m, FoldedT2RFeatureMap) for m in folded.modules())
     return folded
