@@ -183,12 +183,12 @@ def train(task: Task) -> dict:
                 p.train_seconds += time.time() - t_eval
                 save_run(task, raw_model, optimizer, scaler, p)
                 t_log = time.time()
-            if ctrl_c.pressed(ddp, device):
+            if ctrl_c.pressed(ddp, device, agree=p.step % args.log_interval == 0):
                 break
     bar.close()
     check_finite(nonfinite, task, p)
     save_run(task, raw_model, optimizer, scaler, p)
-    if ctrl_c.pressed(ddp, device):
+    if ctrl_c.pressed(ddp, device, agree=True):
         raise Interrupted(f"interrupted at step {p.step} of {args.max_steps}: saved {args.out_dir}/ckpt.pt; "
                           f"continue with --resume --out_dir {args.out_dir}")
     if p.step < args.max_steps:
@@ -212,11 +212,12 @@ class CtrlC:
         self.flag = True
         tqdm.write("Ctrl-C: saving after this step (press it again to quit without saving)")
 
-    def pressed(self, ddp: Distributed, device) -> bool:
-        """Whether any process was interrupted (under DDP they must all stop at the same step)."""
+    def pressed(self, ddp: Distributed, device, agree: bool) -> bool:
+        """Whether to stop now. One process asks its own flag at every step; under DDP the processes must stop at
+        the same step, so they ask each other (an all-reduce) only when `agree`, at logging steps, not every step."""
         if not ddp.enabled:
             return self.flag
-        return bool(all_reduce_sum(torch.tensor(float(self.flag), device=device), ddp).item())
+        return agree and bool(all_reduce_sum(torch.tensor(float(self.flag), device=device), ddp).item())
 
     def __exit__(self, *exc):
         signal.signal(signal.SIGINT, self.previous)
