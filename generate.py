@@ -137,7 +137,9 @@ def main():
             del recent[:-7]
 
     form = "recurrent state (RNN)" if kinds != ["softmax"] else "KV cache"
-    print(f"{args.ckpt}: attention {', '.join(kinds)}{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
+    window = f" with a softmax window of {model.config.window}" if model.config.window else ""
+    print(f"{args.ckpt}: attention {', '.join(kinds)}{window}"
+          f"{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
           f"mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
     print(lm.decode(ids), end="", flush=True)
     run = generate_recurrent if args.mode == "recurrent" else generate_recompute

@@ -47,6 +47,7 @@ def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged: a control)")
     g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
     g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
+    g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers attend with softmax to the last W tokens (0: off)")
     return g
 
 
@@ -55,6 +56,8 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     g = p.add_argument_group("initialisation")
     g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
     g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing)")
+    g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
+    g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
     g = p.add_argument_group("training")
     r, f = schedules["random"], schedules["pretrained"]
     g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
@@ -99,7 +102,18 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
     args.pretrained_given = "pretrained" in args.explicit
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
+    check_conversion_flags(args, parser)
     return args
+
+
+def check_conversion_flags(args, parser):
+    if args.transfer_steps and args.init != "pretrained":
+        parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
+    if args.attn == "softmax" and (args.transfer_steps or args.window):
+        parser.error(f"--{'transfer_steps' if args.transfer_steps else 'window'} needs linear attention: "
+                     f"pass --attn t2r, elu or rfa, not softmax")
+    if args.transfer_steps and getattr(args, "freeze_feature_map", False):
+        parser.error("--transfer_steps trains only the feature maps, which --freeze_feature_map freezes: drop one")
 
 
 # -----------------------------------------------------------------------------
@@ -144,6 +158,7 @@ def teacher_args(args, schedules: dict, overrides: dict):
     teacher.max_steps, teacher.warmup_steps = round(args.max_steps * steps), round(args.warmup_steps * steps)
     teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
     teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
+    teacher.transfer_steps, teacher.window = 0, 0
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
     vars(teacher).update(overrides)
     return teacher
@@ -183,11 +198,18 @@ def student_of(teacher, args, **convert_options):
     if args.attn == "softmax":
         print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
         return teacher
-    model = convert(teacher, args.attn, args.feature_size, **convert_options)
+    model = convert(teacher, args.attn, args.feature_size, window=args.window, **convert_options)
     causal, cross = feature_sizes(model.config)
     print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
-          + "; new parameters: feature maps only")
+          + (f", softmax window {args.window}" if args.window else "")
+          + f"; new parameters: feature maps{' and window gates' if args.window else ''} only")
     return model
+
+
+def model_name(args) -> str:
+    """A run's row in the tables: t2r, t2r+pretrain, t2r+transfer+window64+pretrain, ..."""
+    steps = (["transfer"] if args.transfer_steps else []) + ([f"window{args.window}"] if args.window else [])
+    return "+".join([args.attn] + steps + (["pretrain"] if args.init == "pretrained" else []))
 
 
 def read_results(out_dir: str):

@@ -8,7 +8,9 @@ A transformer language model and an encoder-decoder translator whose attention c
     rfa     : random Fourier features of l2-normalised q, k (Peng et al., 2021)
 Every kind has a parallel form for training and a recurrent form for generation:
 the linear kinds keep a state S (k x d) and z (k) per head (Eqs. 5-7), softmax keeps a KV cache.
-`convert` is the swap of section 2.2, `fold` merges the feature map into W_q, W_k (Eq. 8).
+`convert` is the swap of section 2.2, `fold` merges the feature map into W_q, W_k (Eq. 8). Two steps added since:
+`attention_transfer` (train the feature maps to imitate softmax first) and `convert(window=W)` (softmax kept on the
+last W tokens).
 
     python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune
     python generate.py                        # sample with the recurrent form
@@ -357,15 +359,19 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d))  # (B, T, h)
 
 
+def softmax_attention(q, k, v, causal: bool, key_mask=None):
+    """q (B, H, T, d), k and v (B, H, S, d); key_mask (B, S), True at real (not padded) source positions."""
+    mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+    # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
 
     def forward(self, x, source=None, key_mask=None):
         q, k, v = self.project(x, x if source is None else source)
-        mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S), True = attend
-        # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and source is None)
-        return self.merge(out)
+        return self.merge(softmax_attention(q, k, v, self.causal and source is None, key_mask))
 
     def attention_weights(self, x):
         """The causal distributions of Eq. 2 as a (B, H, T, T) matrix, for the analysis of section 4."""
@@ -416,37 +422,40 @@ class LinearAttention(Attention):
         self.feature_map = make_feature_map(kind, n_head, self.d_head, feature_size)
         if window:  # log g of the hybrid, per head: g = 1 at the start
             self.window_gate = nn.Parameter(torch.zeros(n_head))
-
-    def features(self, x, source):
-        """phi(q), phi(k), v in float32 (float64 for a float64 model): (B, H, T, k), (B, H, S, k), (B, H, S, d)."""
-        q, k, v = self.project(x, source)
-        dtype = state_dtype(v.dtype)
-        with full_precision(x.device):
-            fq, fk = self.feature_map(q.to(dtype), k.to(dtype))
-        return fq, fk, v.to(dtype)
+        self.transfer, self.transfer_error = False, None  # set by attention_transfer
 
     def forward(self, x, source=None, key_mask=None):
-        if self.window and source is None:
-            return self.merge(self.window_forward(x).to(x.dtype))
-        fq, fk, v = self.features(x, x if source is None else source)
-        with full_precision(x.device):
-            if source is not None or not self.causal:
-                out = linear_attention_noncausal(fq, fk, v, key_mask)
-            elif self.chunk_size:
-                out = linear_attention_chunked(fq, fk, v, self.chunk_size)
-            else:
-                out = linear_attention_quadratic(fq, fk, v, causal=True)
-        return self.merge(out.to(x.dtype))
+        q, k, v = self.project(x, x if source is None else source)
+        if self.transfer:
+            return self.transfer_forward(q, k, v, source is not None, key_mask)
+        return self.merge(self.attend(q, k, v, source is not None, key_mask).to(x.dtype))
 
-    def window_forward(self, x):
-        """The sliding-window hybrid, causal self-attention: (B, H, T, d) in float32."""
-        q, k, v = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
-        with full_precision(x.device):
+    def attend(self, q, k, v, cross: bool, key_mask=None):
+        """The parallel forms: q (B, H, T, d), k and v (B, H, S, d) -> (B, H, T, d), in float32 (float64 for a
+        float64 model). d is k for q and k once `fold` has merged W_phi into W_q, W_k."""
+        dtype = state_dtype(v.dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        with full_precision(q.device):
             fq, fk = self.feature_map(q, k)
-            gate = self.window_gate.to(q.dtype).exp()
+            if cross or not self.causal:
+                return linear_attention_noncausal(fq, fk, v, key_mask)
+            if self.window:
+                gate = self.window_gate.to(dtype).exp()
+                if self.chunk_size:
+                    return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
+                return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
             if self.chunk_size:
-                return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
-            return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
+                return linear_attention_chunked(fq, fk, v, self.chunk_size)
+            return linear_attention_quadratic(fq, fk, v, causal=True)
+
+    def transfer_forward(self, q, k, v, cross: bool, key_mask):
+        """The attention-transfer run (see `attention_transfer`): pass on the softmax attention of this layer's own
+        q, k, v, the teacher's output exactly, and keep the squared error of the linear attention against it."""
+        q, k, v = q.detach(), k.detach(), v.detach()  # the teacher's projections: only phi (and g) learn
+        target = softmax_attention(q, k, v, self.causal and not cross, key_mask)  # Eq. 2
+        own = self.attend(q, k, v, cross, key_mask)
+        self.transfer_error = (own - target.to(own.dtype)).pow(2).mean((1, 3))  # (B, T), mean over heads and d
+        return self.merge(target)
 
     def attention_weights(self, x):
         """The causal weights sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 (of the hybrid, for window layers)
@@ -457,8 +466,9 @@ class LinearAttention(Attention):
                 fq, fk = self.feature_map(q, k)
                 weights = window_weights(q, k, fq, fk, self.window, self.window_gate.to(q.dtype).exp())
                 return normalize(weights, weights.sum(-1))
-        fq, fk, _ = self.features(x, x)
+        q, k, _ = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
         with full_precision(x.device):
+            fq, fk = self.feature_map(q, k)
             sim = masked_similarity(fq, fk, causal=True)  # (B, H, T, T)
             return normalize(sim, sim.sum(-1))  # the same epsilon rule as every form
 
@@ -481,8 +491,9 @@ class LinearAttention(Attention):
                 out = window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v[:, :, 0], state, self.window,
                                             gate, self.feature_map)
             return self.merge(out[:, :, None].to(x.dtype))[:, 0]
-        fq, fk, v = self.features(x[:, None], x[:, None])  # (B, H, 1, .)
+        q, k, v = (t.to(state["S"].dtype) for t in self.project(x[:, None], x[:, None]))  # (B, H, 1, .)
         with full_precision(x.device):
+            fq, fk = self.feature_map(q, k)
             out = linear_attention_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state["S"], state["z"])
         return self.merge(out[:, :, None].to(x.dtype))[:, 0]
 
@@ -764,6 +775,42 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     copy_pretrained(model, student)
     p = next(model.parameters())
     return student.to(device=p.device, dtype=p.dtype).train(model.training)
+
+
+# -----------------------------------------------------------------------------
+# Attention transfer (Hedgehog, Zhang et al. 2024; LoLCATs, Zhang et al. 2025): before finetuning, train only the
+# new feature maps so that each converted layer's linear attention reproduces the softmax attention it replaced.
+# The swap kept W_q, W_k, W_v, so the target is free: softmax attention on the layer's own q, k, v. Every layer
+# passes the target on, so the model runs exactly as the teacher did and each layer learns on the teacher's inputs:
+#   loss_l = mean_i || linear_attention_l(q_i, K, V) - softmax_attention_l(q_i, K, V) ||^2 / (H d)
+
+def linear_attention_layers(model: nn.Module) -> list:
+    """(name, module) of every linear attention layer, bottom to top (a translator's self, then cross)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LinearAttention)]
+
+
+def attention_transfer(model: nn.Module, *inputs, mask=None):
+    """Run a converted model (or its DDP / compiled wrapper) on `inputs` with every linear attention layer passing on
+    softmax attention. Returns (errors (L,): each layer's mean squared error, logits: the teacher's exactly).
+    mask (B, T): the query positions that count (a translator's real target tokens); None: all of them."""
+    layers = [m for _, m in linear_attention_layers(model)]
+    if not layers:
+        raise ValueError("attention transfer needs a converted model: this one has no linear attention")
+    for layer in layers:
+        layer.transfer, layer.transfer_error = True, None
+    try:
+        logits = model(*inputs)
+    finally:
+        for layer in layers:
+            layer.transfer = False
+    errors = []
+    for layer in layers:
+        e, layer.transfer_error = layer.transfer_error, None  # (B, T); None where LayerDrop skipped the layer
+        if e is None:
+            errors.append(logits.new_zeros((), dtype=torch.float32))
+        else:
+            errors.append(e.mean() if mask is None else (e * mask).sum() / mask.sum().clamp_min(1))
+    return torch.stack(errors), logits
 
 
 @torch.no_grad()

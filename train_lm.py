@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import data
 from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
-                 resolve_run_flags, student_of)
+                 model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
@@ -86,7 +86,7 @@ def model_config(args, vocab_size: int) -> Config:
     d_model = args.d_model or 256
     return Config(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                   d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
-                  attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size)
+                  attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window)
 
 
 # -----------------------------------------------------------------------------
@@ -119,15 +119,16 @@ class LMTask(Task):
     def identity(self):
         return data_identity(self.data)
 
-    def lr(self, step):
+    def schedule(self, step):
         a = self.args
         return get_lr(step, a.lr, a.lr * a.min_lr_ratio, a.warmup_steps, a.max_steps)
 
-    def loss(self, model, counter):
+    def batch(self, counter):
         x, y = data.get_batch(self.data.train, self.args.batch_size, self.args.block_size, self.generator)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        logits = model(x)
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten()), x.numel()
+        return (x.to(self.device, non_blocking=True),), y.to(self.device, non_blocking=True), None
+
+    def objective(self, logits, y):
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
 
     def validation_loss(self, model):
         r = evaluate(model, self.data.valid, self.data.eos_id, self.args, self.device, self.dtype, self.ddp,
@@ -140,7 +141,7 @@ class LMTask(Task):
                                                 self.dtype, self.ddp), self.data.n_words.get(split), args.tokenizer)
                    for split in ("valid", "test")}
         results.update(train_minutes=train_seconds / 60, k=feature_sizes(model.config)[0],
-                       attn=args.attn if args.init == "random" else f"{args.attn}+pretrain")
+                       attn=model_name(args))
         if self.ddp.is_main:
             line = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
             if "word_ppl" in results["test"]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import mt_data
 from mt_data import PAD_ID
 from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
-                 resolve_run_flags, student_of)
+                 model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
@@ -74,6 +74,7 @@ def model_config(args, vocab_size: int) -> Config:
     sizes = {name: getattr(args, name) or MODEL_DEFAULTS[name] for name in MODEL_FLAGS}
     return Config(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn, feature_size=args.feature_size,
                   cross_attn=args.attn, cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size,
+                  window=args.window,
                   pad_id=PAD_ID, tie_embeddings=True)
 
 
@@ -105,16 +106,17 @@ class MTTask(Task):
         pairs = "\n".join(f"{s}\t{t}" for split in ("train", "valid", "test") for s, t in self.corpus[split])
         return {"tokenizer": fingerprint(self.tokenizer.to_str()), "data": fingerprint(pairs)}
 
-    def lr(self, step):
+    def schedule(self, step):
         return get_lr_inverse_sqrt(step, self.args.lr, self.args.warmup_steps)
 
-    def loss(self, model, counter):
+    def batch(self, counter):
         batch = batch_at(self.train_batches, counter, self.args.seed)
         src, tgt_in, tgt_out = (t.to(self.device) for t in mt_data.collate(self.train_examples, batch))
-        logits = model(src, tgt_in)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
+        return (src, tgt_in), tgt_out, tgt_out != PAD_ID
+
+    def objective(self, logits, tgt_out):
+        return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=PAD_ID,
                                label_smoothing=self.args.label_smoothing)
-        return loss, int((tgt_out != PAD_ID).sum())
 
     def validation_loss(self, model):
         return validation_loss(model, *self.valid, self.device, self.dtype, self.ddp)
@@ -123,7 +125,9 @@ class MTTask(Task):
         return {"tokenizer": self.tokenizer.to_str()}
 
     def after_step(self, model, step):
-        if self.ddp.is_main and (step % self.args.snapshot_interval == 0 or step == self.args.max_steps):
+        if step <= self.args.transfer_steps:  # snapshots of the finetuning only: they are averaged
+            return
+        if self.ddp.is_main and (step % self.args.snapshot_interval == 0 or step == self.steps):
             save_snapshot(model, self.args.out_dir, step, self.args.average_last)
 
     def final_model(self, model):
@@ -143,7 +147,7 @@ class MTTask(Task):
         args = self.args
         results = evaluate_bleu(inference_model(model), self.tokenizer, self.corpus, args, self.device)
         k_causal, k_cross = feature_sizes(model.config)
-        results.update(attn=args.attn if args.init == "random" else f"{args.attn}+pretrain", k_causal=k_causal,
+        results.update(attn=model_name(args), k_causal=k_causal,
                        k_cross=k_cross, train_minutes=round(train_seconds / 60, 2), beam=args.beam, lenpen=args.lenpen)
         return results
 

@@ -25,6 +25,7 @@ try:
 except ImportError:
     fcntl = None
 
+from t2r import attention_transfer, linear_attention_layers
 from runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng, get_device,
                      load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
                      serializable, set_rng_state, unwrap, write_json)
@@ -88,20 +89,46 @@ class Task:
     SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
     generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
     device = dtype = None  # where and in what precision the loop runs: set by train() and evaluate_finished()
+    transfer_errors = 0.0  # the transfer stage's per-layer errors, summed since the last log line
 
     def __init__(self, args, ddp: Distributed):
         self.args, self.ddp = args, ddp
+        self.steps = args.transfer_steps + args.max_steps  # the run's optimizer steps, the transfer stage's first
 
     def prepare(self, checkpoint: dict | None):
         """Load the data; return the checkpoint's model, or a new one (random, or converted from the teacher)."""
         raise NotImplementedError
 
-    def lr(self, step: int) -> float:
+    def schedule(self, step: int) -> float:
+        """The learning rate of the training proper, step counted from its start (after any transfer stage)."""
         raise NotImplementedError
 
-    def loss(self, model, counter: int) -> tuple:
-        """(mean loss, tokens) of micro-batch number `counter` (counted over steps, micro-batches, processes)."""
+    def batch(self, counter: int) -> tuple:
+        """Micro-batch number `counter` (counted over steps, micro-batches, processes), on self.device:
+        (the model's inputs, the targets, the mask of real target positions or None for all)."""
         raise NotImplementedError
+
+    def objective(self, logits, targets):
+        """The mean training loss of a batch."""
+        raise NotImplementedError
+
+    def lr(self, step: int) -> float:
+        """The attention-transfer stage (the first --transfer_steps steps) has its own warmup and cosine decay."""
+        transfer = self.args.transfer_steps
+        if step < transfer:
+            return get_lr(step, self.args.transfer_lr, 0.1 * self.args.transfer_lr, max(1, transfer // 10), transfer)
+        return self.schedule(step - transfer)
+
+    def loss(self, model, step: int, counter: int) -> tuple:
+        """(mean loss, target tokens) of one micro-batch: the task's objective, or in the transfer stage the mean
+        of the layers' attention-transfer errors (only the feature maps and window gates get gradients)."""
+        inputs, targets, mask = self.batch(counter)
+        tokens = targets.numel() if mask is None else int(mask.sum())
+        if step < self.args.transfer_steps:
+            errors, _ = attention_transfer(model, *inputs, mask=mask)
+            self.transfer_errors = self.transfer_errors + errors.detach()
+            return errors.mean(), tokens
+        return self.objective(model(*inputs), targets), tokens
 
     def validation_loss(self, model) -> float:
         raise NotImplementedError
@@ -122,6 +149,13 @@ class Task:
     def after_step(self, model, step: int):
         """Called after every optimizer step (a translator saves its snapshots)."""
 
+    def log_transfer(self, model, micro_batches: int):
+        """The transfer stage's log: each layer's mean error since the last log line (this process's batches)."""
+        names = [name.replace("layers.", "").replace("_attn", "") for name, _ in linear_attention_layers(model)]
+        errors = (self.transfer_errors / micro_batches).tolist()  # per layer, e.g. "0.self", "0.cross"
+        tqdm.write("  transfer error by layer: " + ", ".join(f"{n} {e:.2e}" for n, e in zip(names, errors)))
+        self.transfer_errors = 0.0
+
     def final_model(self, model) -> tuple:
         """(the finished model, what model.pt says about it beyond the common fields)."""
         return model, {}
@@ -138,6 +172,7 @@ class Progress:
     step: int = 0
     best_val: float = math.inf  # the best validation loss so far
     train_seconds: float = 0.0  # training and periodic evaluation, over every invocation of the run
+    after_transfer: dict | None = None  # the final evaluation's figures at the end of the transfer stage
 
 
 def train(task: Task) -> dict:
@@ -148,12 +183,12 @@ def train(task: Task) -> dict:
     dtype = task.dtype = resolve_dtype(args.dtype, device)
     raw_model, optimizer, scaler, p = start(task, device, dtype)
     model = wrap(raw_model, args, device, ddp)
-    bar = tqdm(total=args.max_steps, initial=p.step, desc=os.path.basename(args.out_dir), dynamic_ncols=True,
+    bar = tqdm(total=task.steps, initial=p.step, desc=os.path.basename(args.out_dir), dynamic_ncols=True,
                mininterval=2, disable=not (ddp.is_main and sys.stderr.isatty()))  # logs get the step lines only
     t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # a NaN or inf loss since the last check
     with CtrlC() as ctrl_c:
-        while p.step < args.max_steps and (args.stop_at is None or p.step < args.stop_at):
+        while p.step < task.steps and (args.stop_at is None or p.step < args.stop_at):
             t_step = time.time()
             lr = task.lr(p.step)
             set_lr(optimizer, lr)
@@ -161,7 +196,7 @@ def train(task: Task) -> dict:
                 counter = (p.step * args.grad_accum + micro) * ddp.world_size + ddp.rank
                 sync = not ddp.enabled or micro == args.grad_accum - 1  # DDP: all-reduce once, after the last
                 with (nullcontext() if sync else model.no_sync()), autocast_context(device, dtype):
-                    loss, n = task.loss(model, counter)
+                    loss, n = task.loss(model, p.step, counter)
                     loss = loss / args.grad_accum
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
@@ -171,16 +206,21 @@ def train(task: Task) -> dict:
             p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
             bar.update(1)
             task.after_step(raw_model, p.step)
-            last = p.step == args.max_steps
-            if p.step % args.log_interval == 0 or last:
+            last = p.step == task.steps
+            if p.step % args.log_interval == 0 or last or p.step == args.transfer_steps:
                 check_finite(nonfinite, task, p)
-                log_step(bar, p, args, float(loss_sum) / steps, lr, tokens / (time.time() - t_log), ddp)
+                log_step(bar, p, task, float(loss_sum) / steps, lr, tokens / (time.time() - t_log))
+                if p.step <= args.transfer_steps and ddp.is_main:
+                    task.log_transfer(raw_model, steps * args.grad_accum)
                 t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
-            if p.step % args.eval_interval == 0 or last:
+            if p.step % args.eval_interval == 0 or last or p.step == args.transfer_steps:
                 check_finite(nonfinite, task, p)
                 t_eval = time.time()
                 validate(task, raw_model, p)
                 p.train_seconds += time.time() - t_eval
+                if p.step == args.transfer_steps:  # the model before finetuning: the final evaluation, not timed
+                    print(f"after the {p.step} steps of attention transfer:")
+                    p.after_transfer = task.report(raw_model, p.train_seconds)
                 save_run(task, raw_model, optimizer, scaler, p)
                 t_log = time.time()
             if ctrl_c.pressed(ddp, device, agree=p.step % args.log_interval == 0):
@@ -189,10 +229,10 @@ def train(task: Task) -> dict:
     check_finite(nonfinite, task, p)
     save_run(task, raw_model, optimizer, scaler, p)
     if ctrl_c.pressed(ddp, device, agree=True):
-        raise Interrupted(f"interrupted at step {p.step} of {args.max_steps}: saved {args.out_dir}/ckpt.pt; "
+        raise Interrupted(f"interrupted at step {p.step} of {task.steps}: saved {args.out_dir}/ckpt.pt; "
                           f"continue with --resume --out_dir {args.out_dir}")
-    if p.step < args.max_steps:
-        print(f"stopped at step {p.step} of {args.max_steps}: continue with --resume --out_dir {args.out_dir}")
+    if p.step < task.steps:
+        print(f"stopped at step {p.step} of {task.steps}: continue with --resume --out_dir {args.out_dir}")
         return {}
     return finish(task, raw_model, p)
 
@@ -253,7 +293,8 @@ def start(task: Task, device, dtype):
     if checkpoint:
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
-        p = Progress(checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"])
+        p = Progress(checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"],
+                     checkpoint.get("after_transfer"))
         set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], task.generator)
         print(f"resumed {path} at step {p.step} (best validation loss {p.best_val:.4f})")
     if ddp.is_main:
@@ -300,14 +341,16 @@ def wrap(model, args, device, ddp):
     if ddp.enabled:
         # LayerDrop skips whole layers, whose parameters then get no gradient in that step
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        find_unused_parameters=unwrap(model).config.layer_dropout > 0)
+                                        find_unused_parameters=unwrap(model).config.layer_dropout > 0
+                                        or args.transfer_steps > 0)  # and the transfer stage trains phi alone
     return model
 
 
-def log_step(bar, p: Progress, args, loss: float, lr: float, tokens_per_s: float, ddp):
+def log_step(bar, p: Progress, task: Task, loss: float, lr: float, tokens_per_s: float):
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:,.0f}")
-    if ddp.is_main:
-        tqdm.write(f"step {p.step}/{args.max_steps} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
+    if task.ddp.is_main:
+        stage = " (transfer)" if p.step <= task.args.transfer_steps else ""
+        tqdm.write(f"step {p.step}/{task.steps}{stage} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
                    f"{p.train_seconds / 60:.1f} min")
 
 
@@ -326,8 +369,9 @@ def save_run(task: Task, model, optimizer, scaler, p: Progress):
         save_checkpoint(os.path.join(task.args.out_dir, "ckpt.pt"), {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
             "config": model.config.to_dict(), "args": serializable(vars(task.args)), "step": p.step,
-            "max_steps": task.args.max_steps, "best_val": p.best_val, "rng": rng,
-            "train_seconds": p.train_seconds, "identity": task.run_identity, **task.checkpoint_extras()})
+            "max_steps": task.steps, "best_val": p.best_val, "rng": rng,
+            "train_seconds": p.train_seconds, "after_transfer": p.after_transfer, "identity": task.run_identity,
+            **task.checkpoint_extras()})
 
 
 def finish(task: Task, model, p: Progress) -> dict:
@@ -337,9 +381,12 @@ def finish(task: Task, model, p: Progress) -> dict:
     if task.ddp.is_main:
         save_checkpoint(os.path.join(task.args.out_dir, "model.pt"), {
             "model": final.state_dict(), "config": final.config.to_dict(), "args": serializable(vars(task.args)),
-            "step": p.step, "max_steps": task.args.max_steps, "train_seconds": p.train_seconds,
+            "step": p.step, "max_steps": task.steps, "train_seconds": p.train_seconds,
             "identity": task.run_identity, **task.checkpoint_extras(), **about})
-    return write_results(task, task.report(final, p.train_seconds))
+    results = task.report(final, p.train_seconds)
+    if results and p.after_transfer:
+        results["after_transfer"] = p.after_transfer
+    return write_results(task, results)
 
 
 def write_results(task: Task, results: dict) -> dict:

@@ -1,0 +1,174 @@
+"""Tests of attention transfer (the feature maps learn to imitate softmax before finetuning): the carried-forward run
+is the teacher's, the error is zero where linear attention is given softmax's weights, only the feature maps and
+window gates learn, and the error falls; then the transfer stage and --window in both trainers.
+
+    python -m pytest -q -s test_transfer.py
+"""
+
+import json
+
+import pytest
+import torch
+
+import t2r
+import train_lm
+import train_mt
+from conftest import MT_TINY, TINY, assert_flags_refused, report, run, write_corpus
+from t2r import Seq2SeqTransformer, TransformerLM
+from test_t2r import lm_config, make, mt_config
+
+T = 9
+
+
+def lm_pair(window=0):
+    """A softmax LM (float64, eval) and its conversion to T2R."""
+    teacher = make(TransformerLM, lm_config("softmax"))
+    return teacher, t2r.convert(teacher, "t2r", feature_size=6, window=window)
+
+
+def mt_pair(window=0):
+    teacher = make(Seq2SeqTransformer, mt_config("softmax"))
+    return teacher, t2r.convert(teacher, "t2r", feature_size=4, cross_feature_size=6, window=window)
+
+
+def mt_batch():
+    g = torch.Generator().manual_seed(2)
+    src, tgt = torch.randint(1, 37, (2, 6), generator=g), torch.randint(1, 37, (2, T), generator=g)
+    src[1, 4:], tgt[1, 6:] = 0, 0  # padding (pad_id 0) in the second sentence
+    return src, tgt
+
+
+def lm_batch():
+    return (torch.randint(0, 37, (2, T), generator=torch.Generator().manual_seed(1)),)
+
+
+@pytest.mark.parametrize("window", [0, 3])
+@pytest.mark.parametrize("pair, batch", [(lm_pair, lm_batch), (mt_pair, mt_batch)], ids=["lm", "translator"])
+def test_the_carried_forward_run_is_the_teachers(pair, batch, window):
+    teacher, student = pair(window)
+    inputs = batch()
+    with torch.no_grad():
+        errors, logits = t2r.attention_transfer(student, *inputs)
+        expected = teacher(*inputs)
+    assert report(f"transfer run vs teacher logits (W={window})", (logits - expected).abs().max()) == 0
+    assert len(errors) == len(t2r.linear_attention_layers(student)) and (errors > 0).all()
+
+
+def test_the_error_is_zero_where_the_window_covers_the_text():
+    _, student = lm_pair(window=T)  # softmax over the last T tokens: all of them
+    errors, _ = t2r.attention_transfer(student, *lm_batch())
+    assert report("transfer error, W = T", errors.abs().max()) < 1e-25
+
+
+def test_the_translators_cross_attention_has_its_own_error():
+    _, student = mt_pair(window=T)
+    names = [name for name, _ in t2r.linear_attention_layers(student)]
+    errors, _ = t2r.attention_transfer(student, *mt_batch(), mask=mt_batch()[1] != 0)
+    causal = torch.stack([e for e, n in zip(errors, names) if "self_attn" in n])
+    cross = torch.stack([e for e, n in zip(errors, names) if "cross_attn" in n])
+    print(dict(zip(names, errors.tolist())))
+    assert len(causal) == len(cross) == 2 and report("causal, W = T", causal.abs().max()) < 1e-25
+    assert (cross > 1e-6).all()
+
+
+def test_padded_queries_do_not_count():
+    _, student = mt_pair()
+    src, tgt = mt_batch()
+    errors, _ = t2r.attention_transfer(student, src, tgt, mask=tgt != 0)
+    tgt_other_padding = tgt.clone()
+    tgt_other_padding[1, 6:] = 5  # other tokens where the mask is off: causal attention keeps them out of the rest
+    again, _ = t2r.attention_transfer(student, src, tgt_other_padding, mask=tgt != 0)
+    assert report("masked error, other padding", (errors - again).abs().max()) < 1e-15
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_only_feature_maps_and_window_gates_get_gradients(window):
+    _, student = lm_pair(window)
+    errors, _ = t2r.attention_transfer(student.train(), *lm_batch())
+    errors.sum().backward()
+    learned = {name for name, p in student.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert learned and all(t2r.is_feature_map_parameter(name) for name in learned), sorted(learned)
+    assert any(name.endswith("window_gate") for name in learned) == bool(window)
+
+
+def test_the_error_of_every_layer_falls():
+    _, student = lm_pair(window=2)
+    params = [p for name, p in student.named_parameters() if t2r.is_feature_map_parameter(name)]
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    tokens = torch.randint(0, 37, (8, 16), generator=torch.Generator().manual_seed(5))
+    history = []
+    for _ in range(40):
+        errors, _ = t2r.attention_transfer(student, tokens)
+        optimizer.zero_grad()
+        errors.sum().backward()
+        optimizer.step()
+        history.append(errors.detach())
+    print(f"per-layer error, step 1: {history[0].tolist()}, step 40: {history[-1].tolist()}")
+    assert (history[-1] < 0.7 * history[0]).all()
+
+
+def test_a_softmax_model_has_nothing_to_transfer():
+    teacher, _ = lm_pair()
+    with pytest.raises(ValueError, match="no linear attention"):
+        t2r.attention_transfer(teacher, *lm_batch())
+
+
+# -----------------------------------------------------------------------------
+# The transfer stage and --window in the trainers
+
+@pytest.fixture(scope="module")
+def lm_teacher(tmp_path_factory):
+    """A finished tiny softmax LM: (folder, corpus, its model.pt)."""
+    tmp = tmp_path_factory.mktemp("transfer")
+    corpus = write_corpus(str(tmp / "tiny"))
+    run("train_lm.py", "--dataset", corpus, "--max_steps", "4", *TINY, "--out_dir", "teacher", cwd=tmp)
+    return tmp, corpus, str(tmp / "teacher/model.pt")
+
+
+def test_lm_transfer_stage_resumes_exactly_and_reports(lm_teacher):
+    tmp, corpus, teacher = lm_teacher
+    common = ["--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained", teacher, "--transfer_steps", "4",
+              "--max_steps", "3", "--window", "4", "--dropout", "0.1"]
+    straight = run("train_lm.py", *common, "--out_dir", "straight", cwd=tmp)
+    assert "step 4/7 (transfer)" in straight.stdout and "transfer error by layer: 0.self" in straight.stdout
+    run("train_lm.py", *common, "--out_dir", "split", "--stop_at", "2", cwd=tmp)  # in the middle of the transfer
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp)
+    a, b = (torch.load(tmp / run_dir / "ckpt.pt", weights_only=True) for run_dir in ("straight", "split"))
+    assert a["step"] == b["step"] == 7 and a["after_transfer"] == b["after_transfer"]
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    results = json.loads((tmp / "straight/results.json").read_text())
+    assert results["attn"] == "t2r+transfer+window4+pretrain"
+    print(f"after transfer {results['after_transfer']['valid']['ppl']:.2f}, finetuned {results['valid']['ppl']:.2f}")
+
+
+def test_generate_samples_from_a_window_model(lm_teacher):
+    tmp, corpus, teacher = lm_teacher
+    run("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained", teacher, "--max_steps", "2",
+        "--window", "3", "--out_dir", "window", cwd=tmp)
+    out = run("generate.py", "--ckpt", "window/model.pt", "--prompt", "w1 w2", "--num_tokens", "12", "--check", cwd=tmp)
+    diff = float(out.stdout.split("logits = ")[-1])
+    assert "window" in out.stdout and diff < 1e-4, out.stdout
+
+
+def test_the_translator_transfers_and_beam_searches_with_a_window(trained_translator):
+    tmp, corpus, _ = trained_translator
+    run("train_mt.py", "--init", "pretrained", "--dataset", corpus, *MT_TINY, "--max_steps", "4", "--transfer_steps",
+        "3", "--window", "3", "--out_dir", "mt-window", cwd=tmp)
+    results = json.loads((tmp / "mt-window/results.json").read_text())
+    assert results["attn"] == "t2r+transfer+window3+pretrain" and "bleu" in results["after_transfer"]["test"]
+    out = run("translate.py", "--ckpt", "mt-window/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
+    assert len(out.stdout.strip().splitlines()) == 2
+
+
+@pytest.mark.parametrize("get_args, argv, message", [
+    (train_lm.get_args, ["--window", "-1"], "--window"),
+    (train_lm.get_args, ["--transfer_steps", "5"], "add --init pretrained"),
+    (train_lm.get_args, ["--init", "pretrained", "--attn", "softmax", "--transfer_steps", "5"], "not softmax"),
+    (train_lm.get_args, ["--attn", "softmax", "--window", "8"], "not softmax"),
+    (train_lm.get_args, ["--init", "pretrained", "--transfer_steps", "5", "--freeze_feature_map"], "drop one"),
+    (train_mt.get_args, ["--transfer_steps", "5"], "add --init pretrained"),
+    (train_mt.get_args, ["--transfer_lr", "0"], "--transfer_lr"),
+], ids=["negative-window", "lm-random-init", "softmax-transfer", "softmax-window", "frozen", "mt-random-init",
+        "zero-lr"])
+def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
+    assert_flags_refused(get_args, argv, message, capsys)
