@@ -40,6 +40,8 @@ LM_MODELS = {
                           "(Katharopoulos et al.'s baseline), up to --recompute_max"),
     "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
     "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
+    "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
+                       "layers are not folded: their softmax needs q and k)"),
     "t2r4": ("t2r", 4, True, "T2R, k = 4, folded"),
     "t2r4_unfolded": ("t2r", 4, False, "the same, not folded"),
     "elu": ("elu", 32, False, "ELU + 1 feature map (k = d = 64)"),
@@ -61,7 +63,9 @@ TRAIN_MODELS = {
     "softmax_math": "the same with the math backend, which forms the T x T matrix (up to --quadratic_max)",
     "t2r_quadratic": "T2R with chunk_size 0, also T x T (up to --quadratic_max)",
     "t2r_chunked": "T2R with chunk_size 64: linear in T",
+    "t2r_window64": "T2R chunked with a softmax window of 64: the hybrid's training form, linear in T",
 }
+WINDOW = 64  # the W of the window models
 GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *S2S_MODELS]))  # the names --models accepts
 SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm")
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", recompute_max=512, memory_length=4096,
@@ -197,7 +201,8 @@ def replace_self_attention(model, make):
 def build_lm(name: str, args):
     """name -> (model, mode) with mode 'step' (recurrent) or 'recompute' (the whole prefix at every token)."""
     kind, k, folded, _ = LM_MODELS[name]
-    model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k)), args).eval()
+    window = WINDOW if "window" in name else 0
+    model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
     if folded:
         model = fold(model)
     if name == "floor":
@@ -218,10 +223,11 @@ def build_s2s(name: str, args):
 # -----------------------------------------------------------------------------
 # Generation and the attention state
 
-def theory_ratio(n: int, d_model: int, n_head: int, k: int) -> float:
-    """KV cache over RNN state, per layer: 2 N h (keys and values) / (r k (d + 1)) (S: k x d and z: k per head)."""
+def theory_ratio(n: int, d_model: int, n_head: int, k: int, window: int = 0) -> float:
+    """KV cache over RNN state, per layer: 2 N h (keys and values) / (r (k (d + 1) + 2 W d)) (S: k x d and z: k
+    per head, and a window's ring buffer of W keys and values)."""
     d = d_model // n_head
-    return 2 * n * d_model / (n_head * k * (d + 1))
+    return 2 * n * d_model / (n_head * (k * (d + 1) + 2 * window * d))
 
 
 def row(section, model, batch, length, metric, value, unit) -> dict:
@@ -317,10 +323,11 @@ def bench_memory(args, rows):
     model, _ = build_lm("softmax_kv", args)
     kv = generate(model, "step", 1, N, args.device, checkpoints={N})[2][N]["state_bytes"]
     rows.append(row("memory", "softmax_kv", 1, N, "state_bytes", kv, "B"))
-    for name, k in (("t2r32", 32), ("t2r4", 4), ("elu", config.d_model // config.n_head), ("rfa32", 32)):
+    for name, k in (("t2r32", 32), ("t2r32_window64", 32), ("t2r4", 4), ("elu", config.d_model // config.n_head),
+                    ("rfa32", 32)):
         model, _ = build_lm(name, args)
         size = generate(model, "step", 1, 8, args.device, checkpoints={8})[2][8]["state_bytes"]  # constant
-        theory = theory_ratio(N, config.d_model, config.n_head, k)
+        theory = theory_ratio(N, config.d_model, config.n_head, k, model.config.window)
         rows += [row("memory", name, 1, N, "state_bytes", size, "B"), row("memory", name, 1, N, "kv_over_state",
                  kv / size, "x"), row("memory", name, 1, N, "kv_over_state_theory", theory, "x")]
         print(f"memory {name:7s} state {size:8d} B  KV cache at {N}: {kv} B  ratio {kv / size:7.1f} "
@@ -332,12 +339,13 @@ def bench_memory(args, rows):
 
 def train_model(section, name, args):
     kind, chunk = ("softmax", 0) if name.startswith("softmax") else ("t2r", 0 if name == "t2r_quadratic" else 64)
+    window = WINDOW if "window" in name else 0
     if section == "train_attn":
         config = lm_config(args)
         if kind == "softmax":
             return SoftmaxAttention(config.d_model, config.n_head, causal=True).to(args.device)
-        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk).to(args.device)
-    model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, dropout=0.1))
+        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk, window).to(args.device)
+    model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
     return load_fitting(model, args).to(args.device).train()
 
 
