@@ -6,6 +6,8 @@ window gates learn, and the error falls; then the transfer stage and --window in
 """
 
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -13,7 +15,8 @@ import torch
 import t2r
 import train_lm
 import train_mt
-from conftest import MT_TINY, TINY, assert_flags_refused, report, run, write_corpus
+from conftest import MT_TINY, ROOT, TINY, assert_flags_refused, report, run, write_corpus
+from runtime import write_json
 from t2r import Seq2SeqTransformer, TransformerLM
 from test_t2r import lm_config, make, mt_config
 
@@ -172,3 +175,26 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
         "zero-lr"])
 def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
     assert_flags_refused(get_args, argv, message, capsys)
+
+
+def test_the_conversion_report_reads_each_rows_three_scores(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import conversion
+    teacher, students = conversion.plan("lm", str(tmp_path), quick=True)
+    assert [r.flags.get("transfer_steps", 0) > 0 for r in students] == [False, True, False, True]
+    assert [r.flags.get("window", 0) > 0 for r in students] == [False, False, True, True]
+
+    def scored(ppl, minutes=1.0, **more):
+        return {"valid": {"ppl": ppl}, "test": {"ppl": ppl}, "train_minutes": minutes, **more}
+    for run_dir, results in [(teacher.out_dir, scored(100.0, 5.0))] + [
+            (r.out_dir, scored(90.0 - i, 2.0, **({"after_transfer": scored(200.0 - i, 0.5)}
+                                                 if "transfer_steps" in r.flags else {})))
+            for i, r in enumerate(students)]:
+        os.makedirs(run_dir, exist_ok=True)
+        write_json(os.path.join(run_dir, "results.json"), results)
+        write_json(os.path.join(run_dir, "after_swap.json"), scored(999.0))
+    lines = conversion.table("lm", teacher, students)
+    print("\n".join(lines))
+    assert lines[2] == "| softmax teacher | - | - | 100.00 | 5.0 |"
+    assert lines[4] == "| t2r+transfer | 999.00 | 199.00 | 89.00 | 0.5 + 1.5 |"
+    assert lines[5] == "| t2r+window | 999.00 | - | 88.00 | 2.0 |"
