@@ -1,0 +1,203 @@
+"""
+SRU++: When Attention Meets Fast Recurrence (Lei, EMNLP 2021), a language model in one file.
+
+The other answer to T2R's question: instead of converting a trained transformer into an RNN, train a fast RNN
+with a little attention from scratch. Each layer is a Simple Recurrent Unit (SRU, Eqs. 1-5) whose input
+projection U is computed by a small single-head attention (section 3) in the layers that have one, and by a
+low-rank projection (Fig. 2b) in the others.
+
+    python -m pytest -q test_sru.py            # the recurrent step equals the training form; Eqs. 1-5 written out
+
+Shapes: B batch, T length, d hidden size, d' attention size (d : d' = 4 : 1 by default), V vocabulary.
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class SRUConfig:
+    vocab_size: int = 10_000    # tokens in the vocabulary
+    n_layer: int = 4            # SRU++ layers
+    d_model: int = 256          # hidden size d
+    d_attn: int = 0             # attention size d' (0: d // 4, the paper's d : d' = 4 : 1)
+    attn_every: int = 1         # attention in every k-th layer (Table 2), counted from the bottom; 0: none
+    dropout: float = 0.1        # on the embeddings and on every layer's output
+    tie_embeddings: bool = True  # the output projection shares the token embedding
+    arch: str = "sru++"         # what a checkpoint holds (t2r.Config has no such field)
+
+    def __post_init__(self):
+        for name, least in (("vocab_size", 1), ("n_layer", 1), ("d_model", 1), ("d_attn", 0), ("attn_every", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < least:
+                raise ValueError(f"{name}={value!r} must be an integer >= {least}")
+        if self.attn_every > self.n_layer:
+            raise ValueError(f"attn_every={self.attn_every} is larger than n_layer={self.n_layer}: no layer would "
+                             f"have attention (0 says so)")
+        self.d_attn = self.d_attn or max(1, self.d_model // 4)
+
+    def has_attention(self, layer: int) -> bool:
+        """Whether layer `layer` (0 = bottom) attends: every attn_every-th, the top one when attn_every = n_layer."""
+        return self.attn_every > 0 and (layer + 1) % self.attn_every == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# -----------------------------------------------------------------------------
+# The SRU recurrence (section 2). U (B, T, 3, d) holds W x, W' x and W'' x of Eq. 1 for every position.
+# The elementwise part runs in float32 (float64 for a float64 model) even under autocast: c sums over time.
+
+def sru_cell(u, x, c, v, b):
+    """One time step: u (B, 3, d), x (B, d) the layer's input, c (B, d) the previous state; v, b (2, d).
+    Returns (h, c), both (B, d)."""
+    f = torch.sigmoid(u[:, 0] + v[0] * c + b[0])  # Eq. 2: f[t] = sigma(U[t, 0] + v . c[t-1] + b)
+    r = torch.sigmoid(u[:, 1] + v[1] * c + b[1])  # Eq. 3: r[t] = sigma(U[t, 1] + v' . c[t-1] + b')
+    c = f * c + (1 - f) * u[:, 2]  # Eq. 4: c[t] = f[t] . c[t-1] + (1 - f[t]) . U[t, 2]
+    h = r * c + (1 - r) * x  # Eq. 5: h[t] = r[t] . c[t] + (1 - r[t]) . x[t]  (the highway)
+    return h, c
+
+
+def sru_recurrence(U, x, c, v, b):
+    """The training form: Eqs. 2-5 over all T positions, a loop over time. U (B, T, 3, d), x (B, T, d),
+    c (B, d) -> h (B, T, d) and the last c. Every other operation of the layer is batched over T."""
+    hs = []
+    for t in range(U.shape[1]):
+        h, c = sru_cell(U[:, t], x[:, t], c, v, b)
+        hs.append(h)
+    return torch.stack(hs, dim=1), c
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+def full_precision(device: torch.device):
+    """Autocast off: the recurrence is not silently cast back to bf16/fp16."""
+    return torch.autocast(device.type, enabled=False)
+
+
+# -----------------------------------------------------------------------------
+# The SRU++ layer (section 3)
+
+class SRUppLayer(nn.Module):
+    """U from attention (section 3) or, without it, from the projection W^o layernorm(W^q x) (Fig. 2b); then the
+    recurrence. With alpha = 0 an attention layer computes exactly what the projection variant does."""
+
+    def __init__(self, d_model: int, d_attn: int, attention: bool):
+        super().__init__()
+        self.d_model, self.d_attn, self.attention = d_model, d_attn, attention
+        self.q_proj = nn.Linear(d_model, d_attn, bias=False)  # W^q (d' x d)
+        if attention:
+            self.k_proj = nn.Linear(d_attn, d_attn, bias=False)  # W^k (d' x d'), applied to Q, not to X
+            self.v_proj = nn.Linear(d_attn, d_attn, bias=False)  # W^v (d' x d')
+            self.alpha = nn.Parameter(torch.zeros(()))  # zero at the start: U = W^o layernorm(Q)
+        self.norm = nn.LayerNorm(d_attn)
+        self.out_proj = nn.Linear(d_attn, 3 * d_model, bias=False)  # W^o (3d x d')
+        self.v = nn.Parameter(torch.zeros(2, d_model))  # v, v' of Eqs. 2-3
+        self.b = nn.Parameter(torch.zeros(2, d_model))  # b, b'
+
+    def project(self, x):
+        """U (B, T, 3, d) of the whole sequence: x (B, T, d)."""
+        q = self.q_proj(x)  # Q = W^q X  (B, T, d')
+        if self.attention:
+            k, v = self.k_proj(q), self.v_proj(q)  # K = W^k Q, V = W^v Q
+            # A = softmax(Q K^T / sqrt(d')) V, causal, one head
+            a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)[:, 0]
+            q = q + self.alpha * a
+        # U = W^o layernorm(Q + alpha A)
+        return self.out_proj(self.norm(q)).view(*x.shape[:2], 3, self.d_model)
+
+    def forward(self, x):  # (B, T, d) -> (B, T, d)
+        U = self.project(x)
+        dtype = state_dtype(x.dtype)
+        with full_precision(x.device):
+            c = x.new_zeros(x.shape[0], self.d_model, dtype=dtype)
+            h, _ = sru_recurrence(U.to(dtype), x.to(dtype), c, self.v.to(dtype), self.b.to(dtype))
+        return h.to(x.dtype)
+
+    # Recurrent form: c (B, d), and the keys and values of the attention layers (a cache of d' numbers each)
+    def init_state(self, batch_size: int, device, dtype):
+        state = {"c": torch.zeros(batch_size, self.d_model, device=device, dtype=state_dtype(dtype))}
+        if self.attention:
+            empty = torch.zeros(batch_size, 0, self.d_attn, device=device, dtype=dtype)
+            state.update(k=empty, v=empty.clone(), length=0)
+        return state
+
+    def step(self, x, state):
+        """x (B, d), one position: the same computation as forward, updating state in place."""
+        q = self.q_proj(x)  # (B, d')
+        if self.attention:
+            keys, values = append_to_cache(state, self.k_proj(q), self.v_proj(q))  # (B, t + 1, d')
+            a = F.scaled_dot_product_attention(q[:, None, None], keys[:, None], values[:, None])[:, 0, 0]
+            q = q + self.alpha * a
+        u = self.out_proj(self.norm(q)).view(x.shape[0], 3, self.d_model)
+        c = state["c"]
+        with full_precision(x.device):
+            h, state["c"] = sru_cell(u.to(c.dtype), x.to(c.dtype), c, self.v.to(c.dtype), self.b.to(c.dtype))
+        return h.to(x.dtype)
+
+
+def append_to_cache(state, k, v):
+    """Add one key and value (B, d') to the cache, doubling its capacity when full (amortised O(1) per token);
+    return the keys and values so far."""
+    t = state["length"]
+    if t == state["k"].shape[1]:
+        for name in ("k", "v"):
+            grown = state[name].new_zeros(state[name].shape[0], max(16, 2 * t), state[name].shape[2])
+            grown[:, :t] = state[name]
+            state[name] = grown
+    state["k"][:, t], state["v"][:, t], state["length"] = k, v, t + 1
+    keys, values = state["k"][:, : t + 1], state["v"][:, : t + 1]
+    if torch.is_grad_enabled():  # autograd keeps them: the next token's write into the cache must not change them
+        keys, values = keys.clone(), values.clone()
+    return keys, values
+
+
+# -----------------------------------------------------------------------------
+# The language model: embedding, SRU++ layers, output (section 4, "Models")
+
+class SRUppLM(nn.Module):
+    """model(tokens) -> logits (B, T, V); init_state / step for generation, as t2r.TransformerLM."""
+
+    def __init__(self, config: SRUConfig):
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.layers = nn.ModuleList(SRUppLayer(config.d_model, config.d_attn, config.has_attention(i))
+                                    for i in range(config.n_layer))
+        self.drop = nn.Dropout(config.dropout)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+        nn.init.normal_(self.embed.weight, std=config.d_model ** -0.5)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    def forward(self, tokens):  # (B, T) -> (B, T, V)
+        x = self.drop(self.embed(tokens) * math.sqrt(self.config.d_model))  # no positions: the recurrence orders
+        for layer in self.layers:
+            x = self.drop(layer(x))
+        return self.lm_head(x)
+
+    @torch.no_grad()
+    def init_state(self, batch_size: int):
+        p = self.embed.weight
+        return {"pos": 0, "layers": [layer.init_state(batch_size, p.device, p.dtype) for layer in self.layers]}
+
+    @torch.no_grad()
+    def step(self, tokens, state):
+        """tokens (B,) -> logits (B, V); updates state in place and returns it."""
+        x = self.embed(tokens) * math.sqrt(self.config.d_model)
+        for layer, layer_state in zip(self.layers, state["layers"]):
+            x = layer.step(x, layer_state)
+        state["pos"] += 1
+        return self.lm_head(x), state
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,108 @@
+"""Tests of SRU++ (sru.py): the recurrence against Eqs. 1-5 written out, the recurrent step against the training
+form (outputs and gradients, float64), alpha = 0 against the projection variant, the state, the config.
+
+    python -m pytest -q -s test_sru.py
+"""
+
+import pytest
+import torch
+
+import sru
+from conftest import report
+from sru import SRUConfig, SRUppLayer, SRUppLM
+
+T = 7
+
+
+def tiny(attn_every=1, seed=0, **overrides):
+    """A float64 SRU++ LM in eval mode whose alphas, v and b are non-zero, as after training."""
+    torch.manual_seed(seed)
+    model = SRUppLM(SRUConfig(**{**dict(vocab_size=29, n_layer=3, d_model=16, attn_every=attn_every, dropout=0.0),
+                                 **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("alpha", ".v", ".b")):
+                p.normal_(std=0.5)
+    return model.double().eval()
+
+
+def test_the_recurrence_is_eqs_1_to_5():
+    g = torch.Generator().manual_seed(0)
+    B, d = 2, 5
+    x = torch.randn(B, 3, d, generator=g, dtype=torch.float64)
+    W, W1, W2 = (torch.randn(d, d, generator=g, dtype=torch.float64) for _ in range(3))
+    v, b = torch.randn(2, d, generator=g, dtype=torch.float64), torch.randn(2, d, generator=g, dtype=torch.float64)
+    U = (x @ torch.cat([W, W1, W2]).T).view(B, 3, 3, d)  # Eq. 1: one multiplication for the three
+    h, c_last = sru.sru_recurrence(U, x, torch.zeros(B, d, dtype=torch.float64), v, b)
+    c = torch.zeros(B, d, dtype=torch.float64)
+    for t in range(3):  # the four equations, with their own matrices, element by element
+        for i in range(B):
+            for j in range(d):
+                f = torch.sigmoid(W[j] @ x[i, t] + v[0, j] * c[i, j] + b[0, j])
+                r = torch.sigmoid(W1[j] @ x[i, t] + v[1, j] * c[i, j] + b[1, j])
+                c[i, j] = f * c[i, j] + (1 - f) * (W2[j] @ x[i, t])
+                expected = r * c[i, j] + (1 - r) * x[i, t, j]
+                assert abs(h[i, t, j] - expected) < 1e-12
+    assert report("last c vs Eqs. 1-5", (c_last - c).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("attn_every", [1, 3, 0], ids=["every-layer", "top-layer", "none"])
+def test_the_recurrent_step_equals_the_training_form(attn_every):
+    model = tiny(attn_every)
+    tokens = torch.randint(0, 29, (2, T), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        parallel = model(tokens)
+    state, steps = model.init_state(2), []
+    for t in range(T):
+        logits, state = model.step(tokens[:, t], state)
+        steps.append(logits)
+    diff = (torch.stack(steps, 1) - parallel).abs().max()
+    assert report(f"SRU++ attn_every={attn_every}: recurrent vs parallel logits", diff) < 1e-10
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_the_steps_gradients_equal_the_training_forms(attention):
+    torch.manual_seed(2)
+    layer = SRUppLayer(8, 4, attention).double()
+    with torch.no_grad():
+        for p in (layer.v, layer.b) + ((layer.alpha,) if attention else ()):
+            p.normal_(std=0.5)
+    x = torch.randn(2, T, 8, dtype=torch.float64)
+    weight = torch.randn(2, T, 8, dtype=torch.float64)
+    parallel = torch.autograd.grad((layer(x) * weight).sum(), list(layer.parameters()))
+    state = layer.init_state(2, x.device, x.dtype)
+    out = torch.stack([layer.step(x[:, t], state) for t in range(T)], 1)
+    recurrent = torch.autograd.grad((out * weight).sum(), list(layer.parameters()))
+    diff = max((a - b).abs().max() for a, b in zip(parallel, recurrent))
+    assert report(f"attention={attention}: gradients, step vs training form", diff) < 1e-10
+
+
+def test_alpha_zero_is_the_projection_variant():
+    torch.manual_seed(3)
+    with_attention, projection = SRUppLayer(8, 4, True).double(), SRUppLayer(8, 4, False).double()
+    projection.load_state_dict({k: v for k, v in with_attention.state_dict().items() if k in
+                                projection.state_dict()})
+    x = torch.randn(2, T, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert report("alpha = 0 vs projection variant", (with_attention(x) - projection(x)).abs().max()) == 0
+        with_attention.alpha.fill_(0.7)
+        assert (with_attention(x) - projection(x)).abs().max() > 1e-3  # the attention does something
+
+
+def test_the_state_is_c_per_layer_and_a_cache_in_attention_layers_only():
+    model = tiny(attn_every=3)
+    state = model.init_state(2)
+    for t in range(5):
+        model.step(torch.full((2,), t), state)
+    kinds = [sorted(layer_state) for layer_state in state["layers"]]
+    assert kinds == [["c"], ["c"], ["c", "k", "length", "v"]] and state["layers"][2]["length"] == 5
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(n_layer=2, attn_every=3), "larger than n_layer"),
+    (dict(d_attn=-1), "d_attn"),
+    (dict(n_layer=0), "n_layer"),
+])
+def test_a_config_that_cannot_be_is_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        SRUConfig(**overrides)
