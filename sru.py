@@ -18,6 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from t2r import full_precision, state_dtype  # float32 sums under autocast, as in the linear attention
+
 
 @dataclass
 class SRUConfig:
@@ -70,15 +72,6 @@ def sru_recurrence(U, x, c, v, b):
         h, c = sru_cell(U[:, t], x[:, t], c, v, b)
         hs.append(h)
     return torch.stack(hs, dim=1), c
-
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
-
-
-def full_precision(device: torch.device):
-    """Autocast off: the recurrence is not silently cast back to bf16/fp16."""
-    return torch.autocast(device.type, enabled=False)
 
 
 # -----------------------------------------------------------------------------
