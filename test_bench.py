@@ -51,7 +51,7 @@ def test_every_model_has_positive_rows(quick_run):
     present = {(r["section"], r["model"]) for r in rows}
     expected = {("gen", m) for m in bench.LM_MODELS} | {("s2s", m) for m in bench.S2S_MODELS}
     expected |= {(s, m) for s in ("train_attn", "train_lm") for m in bench.TRAIN_MODELS}
-    expected |= {("memory", m) for m in ("softmax_kv", "t2r32", "t2r4", "elu", "rfa32")}
+    expected |= {("memory", m) for m in ("softmax_kv", "t2r32", "t2r32_window64", "t2r4", "elu", "rfa32")}
     assert expected <= present, sorted(expected - present)
     metrics = {(r["section"], r["model"]): set() for r in rows}
     for r in rows:
@@ -65,7 +65,7 @@ def test_every_model_has_positive_rows(quick_run):
 def test_measured_state_ratio_matches_theory(quick_run):
     _, _, rows, _ = quick_run
     got = {(r["model"], r["metric"]): float(r["value"]) for r in rows if r["section"] == "memory"}
-    for model in ("t2r32", "t2r4", "elu", "rfa32"):
+    for model in ("t2r32", "t2r32_window64", "t2r4", "elu", "rfa32"):  # the window's ring buffer included
         assert got[(model, "kv_over_state")] == pytest.approx(got[(model, "kv_over_state_theory")], rel=1e-3)
 
 
@@ -106,6 +106,8 @@ def test_theory_ratio():
     assert bench.theory_ratio(4096, 256, 4, 32) == pytest.approx(252.06, abs=0.01)
     assert bench.theory_ratio(4096, 256, 4, 4) == pytest.approx(2016.49, abs=0.01)  # the translator's k=4
     assert bench.theory_ratio(4096, 1024, 8, 32) == pytest.approx(2 * 4096 * 128 / (32 * 129))  # the paper's LM
+    # a window of W = 64 adds 2 W d per head: 2*4096*256 / (4*(32*65 + 2*64*64)) = 51.0
+    assert bench.theory_ratio(4096, 256, 4, 32, window=64) == pytest.approx(2 * 4096 * 256 / (4 * (32 * 65 + 8192)))
 
 
 def test_peak_memory_counts_new_tensors_only():
