@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from runtime import Distributed, atomic_write, resolve_dtype, run_main, write_json  # noqa: E402
-from study import Run, execute, machine, read_json  # noqa: E402
+from study import Run, execute, machine, read_json, run_state  # noqa: E402
 from training import training_device  # noqa: E402
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).
@@ -98,7 +98,9 @@ def score(results: dict | None, task: str) -> str:
 def table(task: str, teacher: Run, students: list) -> list:
     what = "test perplexity (PTB)" if task == "lm" else "test BLEU (LibreOffice en-de)"
     teacher_results = read_json(os.path.join(teacher.out_dir, "results.json"))
-    lines = [f"| {task.upper()} {what} | after the swap | after transfer | after finetuning | transfer + finetuning "
+    measured = read_json(os.path.join(students[-1].out_dir, "machine.json"))
+    lines = [f"Measured on {measured['device']}, {measured['date']}.", "",
+             f"| {task.upper()} {what} | after the swap | after transfer | after finetuning | transfer + finetuning "
              f"minutes |", "|---|---|---|---|---|",
              f"| softmax teacher | - | - | {score(teacher_results, task)} | {teacher_results['train_minutes']:.1f} |"]
     for run in students:
@@ -115,9 +117,9 @@ def table(task: str, teacher: Run, students: list) -> list:
 def write_report(path: str, tables: list, quick: bool):
     m = machine()
     text = ["# Conversion since T2R: attention transfer and a sliding window", "",
-            f"`python experiments/conversion.py{' --quick' if quick else ''}` on {m['device']} ({m['threads']} threads, "
-            f"torch {m['torch']}), {m['date']}. Same finetuning budget in every row (the trainers' defaults); "
-            f"the transfer stage comes on top of it.", ""]
+            f"`python experiments/conversion.py{' --quick' if quick else ''}` (torch {m['torch']}), report written "
+            f"{m['date']}. Same finetuning budget in every row (the trainers' defaults); the transfer stage comes on "
+            f"top of it.", ""]
     for lines in tables:
         text += lines + [""]
     with atomic_write(path) as tmp, open(tmp, "w") as f:
@@ -133,7 +135,6 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="where the runs go (default out/conversion, or out/conversion-quick)")
     args = p.parse_args(argv)
     out = args.out or os.path.join(ROOT, "out", "conversion-quick" if args.quick else "conversion")
-    tables = []
     for task in (["lm", "mt"] if args.task == "both" else [args.task]):
         teacher, students = plan(task, out, args.quick)
         execute([teacher], args.dry_run)
@@ -144,8 +145,11 @@ def main(argv=None):
             swap = after_swap(task, run)
             print(f"{run.name}: after the swap, test {score(swap, task)}")
         execute(students, False)
-        tables.append(table(task, teacher, students))
-    if tables:
+    # the report: every task whose runs are all finished, whichever --task this invocation ran
+    plans = [plan(task, out, args.quick) for task in ("lm", "mt")]
+    tables = [table(task, teacher, students) for task, (teacher, students) in zip(("lm", "mt"), plans)
+              if all(run_state(r.out_dir) == "done" for r in [teacher, *students])]
+    if tables and not args.dry_run:
         report = os.path.join(out, "conversion.md") if args.quick else os.path.join(ROOT, "results", "conversion.md")
         write_report(report, tables, args.quick)
 
