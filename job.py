@@ -125,7 +125,10 @@ def main_job(task_class, args):
     if ddp.is_main:
         print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
     try:
-        return run_job(task_class, args, ddp)
+        results = run_job(task_class, args, ddp)
+        if ddp.enabled:  # wait for the main process's final evaluation: a gloo group torn down early can abort
+            dist.barrier()
+        return results
     finally:
         if ddp.enabled:
             dist.destroy_process_group()
