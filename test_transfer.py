@@ -190,10 +190,11 @@ def test_the_conversion_report_reads_each_rows_three_scores(tmp_path):
         os.makedirs(run_dir, exist_ok=True)
         write_json(os.path.join(run_dir, "results.json"), results)
         write_json(os.path.join(run_dir, "after_swap.json"), scored(999.0))
-    write_json(os.path.join(students[-1].out_dir, "machine.json"), {"device": "a test machine", "date": "2026-11-23"})
+    write_json(os.path.join(students[-1].out_dir, "machine.json"), {"device": "a test machine", "threads": 2,
+                                                               "date": "2026-11-23"})
     lines = conversion.table("lm", teacher, students)
     print("\n".join(lines))
-    assert lines[0] == "Measured on a test machine, 2026-11-23."
+    assert lines[0] == "Measured on a test machine (2 threads), 2026-11-23."
     assert lines[4] == "| softmax teacher | - | - | 100.00 | 5.0 |"
     assert lines[6] == "| t2r+transfer | 999.00 | 199.00 | 89.00 | 0.5 + 1.5 |"
     assert lines[7] == "| t2r+window | 999.00 | - | 88.00 | 2.0 |"
