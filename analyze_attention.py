@@ -27,8 +27,8 @@ import torch
 
 import data
 from t2r import convert, feature_sizes
-from runtime import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint, print_config, run_main,
-                      write_csv)
+from runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint, print_config,
+                     run_main, write_csv)
 
 
 # -----------------------------------------------------------------------------
@@ -107,8 +107,8 @@ def describe(model) -> tuple[str, int | None]:
 
 def load_lm(path: str, device):
     checkpoint = load_checkpoint(path)
-    if checkpoint["config"].get("n_encoder_layer"):
-        raise UserError(f"{path} is a translation model: the analysis runs on language models")
+    if checkpoint["config"].get("n_encoder_layer") or is_sru(checkpoint["config"]):
+        raise UserError(f"{path} is not a transformer language model: the analysis runs on those")
     return model_from_checkpoint(checkpoint, path).to(device), checkpoint.get("args", {})
 
 

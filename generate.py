@@ -7,7 +7,9 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
 
-T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k. SRU++ checkpoints
+(`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and values of their
+attention layers.
 """
 
 import time
@@ -15,6 +17,7 @@ import time
 import torch
 
 import data
+from sru import SRUConfig
 from t2r import fold, state_bytes
 from train_lm import data_identity
 from training import check_identity
@@ -102,6 +105,20 @@ def print_state_size(model, state, batch_size: int, length: int):
           f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
 
 
+def describe(model) -> tuple[str, str]:
+    """What generates (its attention, or SRU++), and the state its recurrent mode keeps."""
+    c = model.config
+    if isinstance(c, SRUConfig):
+        attending = sum(c.has_attention(i) for i in range(c.n_layer))
+        return (f"SRU++ with attention in {attending} of {c.n_layer} layers",
+                "recurrent state (c per layer" + (", keys and values in the attention layers)" if attending else ")"))
+    kinds = sorted(set(c.layer_kinds()))
+    window = f" with a softmax window of {c.window}" if c.window else ""
+    folded = " (folded, Eq. 8)" if getattr(model, "folded", False) else ""
+    form = "KV cache" if kinds == ["softmax"] else "recurrent state (RNN)"
+    return f"attention {', '.join(kinds)}{window}{folded}", form
+
+
 def main():
     args = get_args()
     checkpoint = load_checkpoint(args.ckpt)
@@ -109,8 +126,7 @@ def main():
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
     device = get_device(args.device)
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
-    kinds = sorted(set(model.config.layer_kinds()))
-    if "t2r" in kinds and not args.no_fold:
+    if not isinstance(model.config, SRUConfig) and "t2r" in model.config.layer_kinds() and not args.no_fold:
         model = fold(model)
     lm = load_tokenizer(checkpoint)
     if lm.vocab_size != model.config.vocab_size:
@@ -136,11 +152,8 @@ def main():
             print(lm.decode(recent)[len(before):], end="", flush=True)
             del recent[:-7]
 
-    form = "recurrent state (RNN)" if kinds != ["softmax"] else "KV cache"
-    window = f" with a softmax window of {model.config.window}" if model.config.window else ""
-    print(f"{args.ckpt}: attention {', '.join(kinds)}{window}"
-          f"{' (folded, Eq. 8)' if getattr(model, 'folded', False) else ''}, "
-          f"mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
+    what, form = describe(model)
+    print(f"{args.ckpt}: {what}, mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
     print(lm.decode(ids), end="", flush=True)
     run = generate_recurrent if args.mode == "recurrent" else generate_recompute
     start = time.time()

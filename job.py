@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, load_checkpoint,
+from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
                      non_negative_float, non_negative_int, positive_float, positive_int, print_config, serializable,
                      setup_distributed, take_saved_flags)
 from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
@@ -170,6 +170,8 @@ def teacher_args(args, schedules: dict, overrides: dict):
 def load_teacher(args, what: str) -> dict:
     """The checkpoint --init pretrained converts: finished, with finite weights."""
     checkpoint = load_checkpoint(args.pretrained, what)
+    if is_sru(checkpoint["config"]):
+        raise UserError(f"{args.pretrained} is an SRU++ model: --init pretrained converts a softmax transformer")
     if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
         raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
                         f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")

@@ -20,6 +20,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from sru import SRUConfig, SRUppLM
 from t2r import Config, build_model
 
 
@@ -309,9 +310,16 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     return checkpoint
 
 
+def is_sru(config: dict) -> bool:
+    """Whether a checkpoint's config is an SRU++ language model (sru.py), not a transformer (t2r.py)."""
+    return config.get("arch") == "sru++"
+
+
 def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
+    """The model a checkpoint holds, with its weights: a transformer, a translator or an SRU++ LM."""
+    config = checkpoint["config"]
     try:
-        model = build_model(Config(**checkpoint["config"]))
+        model = SRUppLM(SRUConfig(**config)) if is_sru(config) else build_model(Config(**config))
         model.load_state_dict(checkpoint["model"])
     except (TypeError, ValueError, RuntimeError) as error:
         first_line = str(error).strip().splitlines()[0]

@@ -1,14 +1,18 @@
 """Tests of SRU++ (sru.py): the recurrence against Eqs. 1-5 written out, the recurrent step against the training
-form (outputs and gradients, float64), alpha = 0 against the projection variant, the state, the config.
+form (outputs and gradients, float64), alpha = 0 against the projection variant, the state, the config; then
+SRU++ through the scripts: train_lm.py --arch sru++ resumes exactly, generate.py samples from it, bad flags.
 
     python -m pytest -q -s test_sru.py
 """
+
+import json
 
 import pytest
 import torch
 
 import sru
-from conftest import report
+import train_lm
+from conftest import assert_flags_refused, assert_one_line_error, report, run
 from sru import SRUConfig, SRUppLayer, SRUppLM
 
 T = 7
@@ -127,3 +131,55 @@ def test_the_state_is_c_per_layer_and_a_cache_in_attention_layers_only():
 def test_a_config_that_cannot_be_is_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         SRUConfig(**overrides)
+
+
+# -----------------------------------------------------------------------------
+# Through the scripts
+
+SRU_TINY = ["--arch", "sru++", "--attn_every", "2", "--n_layer", "2", "--d_model", "32", "--block_size", "32",
+            "--batch_size", "4", "--eval_context", "32", "--eval_score", "16", "--eval_interval", "4",
+            "--eval_windows", "4", "--log_interval", "2", "--max_steps", "8"]
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_train_lm_trains_sru_and_resumes_it_exactly(tmp_path, corpus):
+    run("train_lm.py", "--dataset", corpus, *SRU_TINY, cwd=tmp_path)
+    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "split", "--stop_at", "3", cwd=tmp_path)
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
+    straight, resumed = weights(tmp_path / "out/tiny-sru++every2-random/ckpt.pt"), weights(tmp_path / "split/ckpt.pt")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    results = json.loads((tmp_path / "split/results.json").read_text())
+    assert results["attn"] == "sru++every2" and results["k"] is None and results["test"]["ppl"] > 1
+
+
+def test_generate_samples_from_sru_with_its_recurrent_state(tmp_path, corpus):
+    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "r", cwd=tmp_path)
+    out = run("generate.py", "--ckpt", "r/model.pt", "--prompt", "w1 w2", "--num_tokens", "40", "--check",
+              cwd=tmp_path).stdout
+    print(out[-400:])
+    assert "SRU++ with attention in 1 of 2 layers" in out and "keys and values in the attention layers" in out
+    assert float(out.split("logits = ")[1].split()[0]) < 1e-4
+
+
+def test_an_sru_checkpoint_is_not_converted(tmp_path, corpus):
+    config = sru.SRUConfig(vocab_size=42, n_layer=2, d_model=8).to_dict()
+    torch.save({"config": config, "model": {}, "step": 1, "max_steps": 1}, tmp_path / "sru.pt")
+    result = run("train_lm.py", "--dataset", corpus, "--init", "pretrained", "--pretrained", "sru.pt", cwd=tmp_path,
+                 check=False)
+    assert_one_line_error(result, "is an SRU++ model")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "sru++", "--init", "pretrained"], "trains from scratch"),
+    (["--arch", "sru++", "--attn_every", "5"], "--attn_every 5 is larger than the 4 layers"),
+    (["--arch", "sru++", "--n_layer", "2", "--attn_every", "3"], "larger than the 2 layers"),
+    (["--arch", "sru++", "--window", "8"], "--window is a transformer flag"),
+    (["--arch", "sru++", "--n_head", "2"], "--n_head is a transformer flag"),
+    (["--attn_every", "2"], "--attn_every is an SRU++ flag: add --arch sru++"),
+    (["--arch", "rnn"], "invalid choice: 'rnn'"),
+])
+def test_bad_sru_flags_are_refused_before_any_work(capsys, argv, message):
+    assert_flags_refused(train_lm.get_args, argv, message, capsys)

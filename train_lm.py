@@ -8,6 +8,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     python train_lm.py --resume --out_dir out/ptb-t2r-pretrained   # continue exactly where it stopped
     torchrun --nproc_per_node 2 train_lm.py ...     # data parallel (NCCL on GPUs, gloo on CPU)
     python train_lm.py --preset wt103 --dataset wikitext103        # the paper's model, for GPUs
+    python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
 The loop itself is training.train; this file says what is particular to a language model.
@@ -25,6 +26,7 @@ from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run
                  model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
+from sru import SRUConfig, SRUppLM
 from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
 from training import Task, get_lr
 
@@ -36,6 +38,10 @@ PRESETS = {
 }
 PRESET_FINETUNE = dict(grad_accum=1)  # appendix Table 4: update-freq 1 when finetuning
 MODEL_FLAGS = ("n_layer", "n_head", "d_model", "d_ff")
+# What SRU++ has no use for: it has no heads, feed-forward layers or linear attention, and nothing to convert
+TRANSFORMER_FLAGS = ("attn", "n_head", "d_ff", "feature_size", "chunk_size", "window", "preset", "layer_dropout",
+                     "keep_softmax_every", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr")
+SRU_FLAGS = ("attn_every", "d_attn")
 
 # Pretraining schedule of the CPU default, and the finetuning one. Appendix Table 4 against Table 3:
 # finetuning halves the peak learning rate, the warmup and the number of updates.
@@ -57,6 +63,9 @@ def get_args(argv=None):
     g.add_argument("--layer_dropout", type=fraction, default=0.0, help="LayerDrop: probability of skipping a layer in training")
     g.add_argument("--keep_softmax_every", type=non_negative_int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
     g.add_argument("--freeze_feature_map", action="store_true", help="finetune with the feature-map MLP frozen (the paper's 'T2R MLP frozen' analysis)")
+    g.add_argument("--arch", default="transformer", choices=["transformer", "sru++"], help="sru++: the SRU++ RNN of sru.py, trained from scratch")
+    g.add_argument("--attn_every", type=non_negative_int, default=1, help="SRU++: attention in every k-th layer (0: none)")
+    g.add_argument("--d_attn", type=non_negative_int, default=0, help="SRU++: attention size d' (default d_model / 4)")
     g = add_run_flags(p, SCHEDULES, weight_decay=0.01, log_interval=25, eval_interval=250)
     g.add_argument("--batch_size", type=positive_int, default=8, help="sequences per micro-batch (per process)")
     g.add_argument("--block_size", type=positive_int, default=512, help="tokens per training sequence")
@@ -66,7 +75,11 @@ def get_args(argv=None):
     g.add_argument("--eval_context", type=positive_int, default=512, help="tokens of context per evaluation window")
     g.add_argument("--eval_score", type=positive_int, default=256, help="tokens scored at the end of each window (stride)")
     g.add_argument("--eval_batch_size", type=positive_int, default=8, help="windows per evaluation batch")
-    args = adopt_saved_run(p, argv, default_out_dir)
+    args = adopt_saved_run(p, argv, saved_run_dir)
+    check_arch_flags(args, p)
+    if args.arch == "sru++":
+        args.attn = sru_name(args)  # names the run and its row in the tables
+        args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it
     if args.preset:
         preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
         for key, value in preset.items():
@@ -78,12 +91,38 @@ def get_args(argv=None):
     return args
 
 
+def check_arch_flags(args, parser):
+    given = [name for name in (TRANSFORMER_FLAGS if args.arch == "sru++" else SRU_FLAGS) if name in args.explicit]
+    if args.arch == "sru++" and args.init == "pretrained":
+        parser.error("--arch sru++ trains from scratch (there is no SRU++ teacher to convert): drop --init pretrained")
+    if given and args.arch == "sru++":
+        parser.error(f"--{given[0]} is a transformer flag, which SRU++ does not use: drop it")
+    if given:
+        parser.error(f"--{given[0]} is an SRU++ flag: add --arch sru++")
+    if args.attn_every > (args.n_layer or 4):
+        parser.error(f"--attn_every {args.attn_every} is larger than the {args.n_layer or 4} layers: no layer would "
+                     f"attend (use 0 for none, or {args.n_layer or 4} for the top layer only)")
+
+
+def sru_name(args) -> str:
+    """sru++ (attention in every layer), sru++every4 (in every 4th), sru++noattn (none)."""
+    return {1: "sru++", 0: "sru++noattn"}.get(args.attn_every, f"sru++every{args.attn_every}")
+
+
 def default_out_dir(args, attn: str, init: str) -> str:
     return os.path.join("out", f"{os.path.basename(os.path.normpath(args.dataset))}-{attn}-{init}")
 
 
-def model_config(args, vocab_size: int) -> Config:
+def saved_run_dir(args, attn: str, init: str) -> str:
+    """The folder --resume continues when no --out_dir is given: an SRU++ run's is named by sru_name."""
+    return default_out_dir(args, sru_name(args) if args.arch == "sru++" else attn, init)
+
+
+def model_config(args, vocab_size: int) -> Config | SRUConfig:
     d_model = args.d_model or 256
+    if args.arch == "sru++":
+        return SRUConfig(vocab_size=vocab_size, n_layer=args.n_layer or 4, d_model=d_model, d_attn=args.d_attn,
+                         attn_every=args.attn_every, dropout=args.dropout)
     return Config(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                   d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
                   attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window)
@@ -140,7 +179,8 @@ class LMTask(Task):
         results = {split: perplexities(evaluate(model, getattr(self.data, split), self.data.eos_id, args, self.device,
                                                 self.dtype, self.ddp), self.data.n_words.get(split), args.tokenizer)
                    for split in ("valid", "test")}
-        results.update(train_minutes=train_seconds / 60, k=feature_sizes(model.config)[0],
+        k = feature_sizes(model.config)[0] if isinstance(model.config, Config) else None
+        results.update(train_minutes=train_seconds / 60, k=k,
                        attn=model_name(args))
         if self.ddp.is_main:
             line = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
@@ -167,7 +207,8 @@ def new_model(args, lm):
     """From random initialisation, or (--init pretrained) the softmax teacher with its attention swapped."""
     if args.init == "random":
         try:
-            return TransformerLM(model_config(args, lm.vocab_size))
+            config = model_config(args, lm.vocab_size)
+            return SRUppLM(config) if args.arch == "sru++" else TransformerLM(config)
         except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
             raise UserError(f"bad model flags: {error}") from None
     checkpoint = load_teacher(args, "pretrained checkpoint")

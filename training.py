@@ -341,7 +341,7 @@ def wrap(model, args, device, ddp):
     if ddp.enabled:
         # LayerDrop skips whole layers, whose parameters then get no gradient in that step
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                        find_unused_parameters=unwrap(model).config.layer_dropout > 0
+                                        find_unused_parameters=getattr(unwrap(model).config, "layer_dropout", 0) > 0
                                         or args.transfer_steps > 0)  # and the transfer stage trains phi alone
     return model
 
