@@ -1,7 +1,8 @@
 """
 Speed and memory of softmax attention against T2R as the sequence grows (Kasai et al., 2021, section 3.3,
 Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
-memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt.
+memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt. SRU++ (sru.py) of the
+LM's width and depth runs beside them, with attention in every layer and in the top one only.
 
     python bench.py                          # everything: about 30-45 minutes on an idle 2-core CPU
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
@@ -19,7 +20,6 @@ Run it on an otherwise idle machine: other processes on the same cores distort e
 """
 
 import argparse
-import copy
 import statistics
 import sys
 import time
@@ -29,9 +29,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_tools import PeakMemory, StepTimer, cuda_reset, machine_line, memory_readings, value, write_all
+from bench_tools import (NoAttention, PeakMemory, ProjectionsOnly, StepTimer, cuda_reset, machine_line, memory_readings,
+                         replace_self_attention, value, write_all)
+from sru import SRUConfig, SRUppLM
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold, state_bytes
-from runtime import Parser, load_checkpoint, run_main
+from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
 
 # The language models: name -> (attention, feature size k, folded with Eq. 8, what it is).
 LM_MODELS = {
@@ -50,6 +52,11 @@ LM_MODELS = {
     "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the q, k, v and output projections "
                   "but not the attention: the cost of the weights alone"),
 }
+# SRU++ of the LM's width and depth: name -> (attention in every layer, or in the top one only; what it is).
+SRU_MODELS = {
+    "sru++": (False, "SRU++, one attention head of d' = d/4 in every layer: c and a d' KV cache per layer"),
+    "sru++_top": (True, "SRU++ with attention in the top layer only: c per layer and one d' KV cache"),
+}
 # The translators: name -> (attention, cross-attention k, causal self-attention k, folded, what it is).
 S2S_MODELS = {
     "softmax_kv": ("softmax", 32, 32, False, "softmax with self and cross KV caches"),
@@ -64,9 +71,10 @@ TRAIN_MODELS = {
     "t2r_quadratic": "T2R with chunk_size 0, also T x T (up to --quadratic_max)",
     "t2r_chunked": "T2R with chunk_size 64: linear in T",
     "t2r_window64": "T2R chunked with a softmax window of 64: the hybrid's training form, linear in T",
+    **{name: spec[1] + " (whole-LM section only)" for name, spec in SRU_MODELS.items()},
 }
 WINDOW = 64  # the W of the window models
-GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *S2S_MODELS]))  # the names --models accepts
+GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
 SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm")
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, out_dir="results/bench")
@@ -119,9 +127,9 @@ def make_parser() -> Parser:
 def get_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name, value in (QUICK if args.quick else FULL).items():
+    for name, default in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
-            setattr(args, name, int_list(value) if name.endswith(("lengths", "sizes")) else value)
+            setattr(args, name, int_list(default) if name.endswith(("lengths", "sizes")) else default)
     if args.s2s_lengths is None:
         args.s2s_lengths = args.lengths
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -163,43 +171,17 @@ def load_fitting(model: nn.Module, args) -> nn.Module:
     return model
 
 
-class NoAttention(nn.Module):
-    """The floor: a self-attention whose output is zero; the rest of the model runs as usual."""
-
-    def init_state(self, batch_size, device, dtype):
-        return {}
-
-    def step(self, x, state):
-        return torch.zeros_like(x)
-
-    def forward(self, x, key_mask=None):
-        return torch.zeros_like(x)
-
-
-class ProjectionsOnly(nn.Module):
-    """The q, k, v and output projections of an attention layer without the attention: out = W_o v."""
-
-    def __init__(self, attn):
-        super().__init__()
-        self.attn = attn
-
-    def init_state(self, batch_size, device, dtype):
-        return {}
-
-    def step(self, x, state):
-        q, k, v = self.attn.project(x[:, None], x[:, None])
-        return self.attn.merge(v)[:, 0]
-
-
-def replace_self_attention(model, make):
-    model = copy.deepcopy(model)
-    for layer in model.layers:
-        layer.self_attn = make(layer.self_attn)
-    return model
+def sru_model(name: str, args, dropout: float = 0.0) -> SRUppLM:
+    c = lm_config(args)
+    top_only = SRU_MODELS[name][0]
+    return SRUppLM(SRUConfig(vocab_size=c.vocab_size, n_layer=c.n_layer, d_model=c.d_model,
+                             attn_every=c.n_layer if top_only else 1, dropout=dropout))
 
 
 def build_lm(name: str, args):
     """name -> (model, mode) with mode 'step' (recurrent) or 'recompute' (the whole prefix at every token)."""
+    if name in SRU_MODELS:
+        return sru_model(name, args).eval().to(args.device), "step"
     kind, k, folded, _ = LM_MODELS[name]
     window = WINDOW if "window" in name else 0
     model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
@@ -228,6 +210,13 @@ def theory_ratio(n: int, d_model: int, n_head: int, k: int, window: int = 0) -> 
     per head, and a window's ring buffer of W keys and values)."""
     d = d_model // n_head
     return 2 * n * d_model / (n_head * (k * (d + 1) + 2 * window * d))
+
+
+def sru_theory_ratio(n: int, config: SRUConfig) -> float:
+    """KV cache of the transformer over SRU++'s state: 2 N h L / (L h + a 2 N d') (c per layer, and the keys and
+    values of the a attention layers)."""
+    attending = sum(config.has_attention(i) for i in range(config.n_layer))
+    return 2 * n * config.d_model * config.n_layer / (config.n_layer * config.d_model + attending * 2 * n * config.d_attn)
 
 
 def row(section, model, batch, length, metric, value, unit) -> dict:
@@ -320,24 +309,34 @@ def bench_memory(args, rows):
     """KV cache against RNN state at --memory_length tokens, batch 1: measured and in theory."""
     N = args.memory_length
     config = lm_config(args)
-    model, _ = build_lm("softmax_kv", args)
-    kv = generate(model, "step", 1, N, args.device, checkpoints={N})[2][N]["state_bytes"]
+
+    def state_after(name, n):
+        model, _ = build_lm(name, args)
+        return model, generate(model, "step", 1, n, args.device, checkpoints={n})[2][n]["state_bytes"]
+
+    def record(name, size, theory):
+        rows.extend([row("memory", name, 1, N, "state_bytes", size, "B"),
+                     row("memory", name, 1, N, "kv_over_state", kv / size, "x"),
+                     row("memory", name, 1, N, "kv_over_state_theory", theory, "x")])
+        print(f"memory {name:7s} state {size:8d} B  KV cache at {N}: {kv} B  ratio {kv / size:7.1f} "
+              f"(theory {theory:7.1f})", flush=True)
+    _, kv = state_after("softmax_kv", N)
     rows.append(row("memory", "softmax_kv", 1, N, "state_bytes", kv, "B"))
     for name, k in (("t2r32", 32), ("t2r32_window64", 32), ("t2r4", 4), ("elu", config.d_model // config.n_head),
                     ("rfa32", 32)):
-        model, _ = build_lm(name, args)
-        size = generate(model, "step", 1, 8, args.device, checkpoints={8})[2][8]["state_bytes"]  # constant
-        theory = theory_ratio(N, config.d_model, config.n_head, k, model.config.window)
-        rows += [row("memory", name, 1, N, "state_bytes", size, "B"), row("memory", name, 1, N, "kv_over_state",
-                 kv / size, "x"), row("memory", name, 1, N, "kv_over_state_theory", theory, "x")]
-        print(f"memory {name:7s} state {size:8d} B  KV cache at {N}: {kv} B  ratio {kv / size:7.1f} "
-              f"(theory {theory:7.1f})", flush=True)
+        model, size = state_after(name, 8)  # constant
+        record(name, size, theory_ratio(N, config.d_model, config.n_head, k, model.config.window))
+    for name in SRU_MODELS:  # c is constant, the attention layers' caches grow
+        model, size = state_after(name, N)
+        record(name, size, sru_theory_ratio(N, model.config))
 
 
 # -----------------------------------------------------------------------------
 # Training
 
 def train_model(section, name, args):
+    if name in SRU_MODELS:
+        return sru_model(name, args, dropout=0.1).to(args.device).train()
     kind, chunk = ("softmax", 0) if name.startswith("softmax") else ("t2r", 0 if name == "t2r_quadratic" else 64)
     window = WINDOW if "window" in name else 0
     if section == "train_attn":
@@ -397,7 +396,8 @@ def measure_step(step, args) -> tuple:
 def bench_training(section, args, rows):
     for L in args.train_lengths:
         for name in TRAIN_MODELS:
-            if name in ("softmax_math", "t2r_quadratic") and L > args.quadratic_max:
+            if (name in ("softmax_math", "t2r_quadratic") and L > args.quadratic_max) or \
+                    (name in SRU_MODELS and section == "train_attn"):  # an SRU++ layer is not an attention layer
                 continue
             ms, peak = measure_step(training_step(section, name, L, args), args)
             rows += [row(section, name, args.train_batch, L, "ms", ms, "ms"),
@@ -417,6 +417,9 @@ def main(argv=None):
     args.ckpt_config = args.ckpt_state = None
     if args.ckpt:
         checkpoint = load_checkpoint(args.ckpt)
+        if is_sru(checkpoint["config"]):
+            raise UserError(f"{args.ckpt} is an SRU++ model: --ckpt takes the shapes of a transformer LM "
+                            f"(the SRU++ rows take the same width and depth)")
         args.ckpt_config, args.ckpt_state = checkpoint["config"], checkpoint["model"]
         print(f"shapes and weights from {args.ckpt} (feature maps of other kinds stay random)")
     torch.manual_seed(args.seed)
@@ -424,7 +427,7 @@ def main(argv=None):
     start = time.perf_counter()
     rows = []
     sections = {
-        "gen": lambda: bench_generation("gen", LM_MODELS, args.batch_sizes, args.lengths, args, rows,
+        "gen": lambda: bench_generation("gen", [*LM_MODELS, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
                                         lambda name: build_lm(name, args),
                                         limits={"softmax_recompute": args.recompute_max}),
         "s2s": lambda: bench_generation("s2s", S2S_MODELS, [args.s2s_batch], args.s2s_lengths, args, rows,
@@ -438,7 +441,7 @@ def main(argv=None):
             t0 = time.perf_counter()
             run()
             print(f"-- {section} done in {time.perf_counter() - t0:.0f} s", flush=True)
-    models = {"gen": {name: spec[-1] for name, spec in LM_MODELS.items()},
+    models = {"gen": {name: spec[-1] for name, spec in {**LM_MODELS, **SRU_MODELS}.items()},
               "s2s": {name: spec[-1] for name, spec in S2S_MODELS.items()}, "train": TRAIN_MODELS}
     write_all(rows, args, command, time.perf_counter() - start, models)
 

@@ -1,8 +1,9 @@
 """The instruments and the report of bench.py. Instruments: a step timer, memory readings and a peak-memory
 tracer for CPU training (bench.md, "How it measures", says what each number is). Report: bench.csv, bench.md
 (the ratios, the tables, the models, how it measures) and the plots; a row is a dict with the keys of
-CSV_COLUMNS."""
+CSV_COLUMNS. The floors: models whose self-attention is removed, or reduced to its projections."""
 
+import copy
 import os
 import platform
 import resource
@@ -11,12 +12,51 @@ import time
 import weakref
 
 import torch
+import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from runtime import atomic_write, write_csv
 
 CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit", "device"]
+
+
+# -----------------------------------------------------------------------------
+# Floors: the LM without its attention, to see what the attention itself costs
+
+class NoAttention(nn.Module):
+    """The floor: a self-attention whose output is zero; the rest of the model runs as usual."""
+
+    def init_state(self, batch_size, device, dtype):
+        return {}
+
+    def step(self, x, state):
+        return torch.zeros_like(x)
+
+    def forward(self, x, key_mask=None):
+        return torch.zeros_like(x)
+
+
+class ProjectionsOnly(nn.Module):
+    """The q, k, v and output projections of an attention layer without the attention: out = W_o v."""
+
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def init_state(self, batch_size, device, dtype):
+        return {}
+
+    def step(self, x, state):
+        q, k, v = self.attn.project(x[:, None], x[:, None])
+        return self.attn.merge(v)[:, 0]
+
+
+def replace_self_attention(model, make):
+    model = copy.deepcopy(model)
+    for layer in model.layers:
+        layer.self_attn = make(layer.self_attn)
+    return model
 
 
 # -----------------------------------------------------------------------------
@@ -121,7 +161,9 @@ HOW_IT_MEASURES = """## How it measures
   backward) and subtracts them when it is freed; tensors from before the step (weights, inputs) count zero and
   scratch space inside one kernel is not seen.
 - **The attention state** at `--memory_length` tokens, batch 1: KV cache bytes over RNN state bytes, measured
-  and in theory 2 N h / (r k (d + 1)) (h = d_model, r heads of d dimensions, feature size k).
+  and in theory 2 N h / (r k (d + 1)) (h = d_model, r heads of d dimensions, feature size k); a window of W
+  adds 2 W d per head. SRU++ keeps c (h numbers) per layer and the keys and values of its a attention
+  layers: 2 N h L / (L h + 2 a N d') for L layers.
 """
 
 

@@ -53,14 +53,15 @@ class SRUConfig:
 # -----------------------------------------------------------------------------
 # The SRU recurrence (section 2). U (B, T, 3, d) holds W x, W' x and W'' x of Eq. 1 for every position.
 # The elementwise part runs in float32 (float64 for a float64 model) even under autocast: c sums over time.
+# torch.lerp(a, b, w) = a + w (b - a) = w . b + (1 - w) . a, the form of Eqs. 4 and 5.
 
 def sru_cell(u, x, c, v, b):
     """One time step: u (B, 3, d), x (B, d) the layer's input, c (B, d) the previous state; v, b (2, d).
     Returns (h, c), both (B, d)."""
-    f = torch.sigmoid(u[:, 0] + v[0] * c + b[0])  # Eq. 2: f[t] = sigma(U[t, 0] + v . c[t-1] + b)
-    r = torch.sigmoid(u[:, 1] + v[1] * c + b[1])  # Eq. 3: r[t] = sigma(U[t, 1] + v' . c[t-1] + b')
-    c = f * c + (1 - f) * u[:, 2]  # Eq. 4: c[t] = f[t] . c[t-1] + (1 - f[t]) . U[t, 2]
-    h = r * c + (1 - r) * x  # Eq. 5: h[t] = r[t] . c[t] + (1 - r[t]) . x[t]  (the highway)
+    f = torch.sigmoid(torch.addcmul(u[:, 0] + b[0], v[0], c))  # Eq. 2: f[t] = sigma(U[t, 0] + v . c[t-1] + b)
+    r = torch.sigmoid(torch.addcmul(u[:, 1] + b[1], v[1], c))  # Eq. 3: r[t] = sigma(U[t, 1] + v' . c[t-1] + b')
+    c = torch.lerp(u[:, 2], c, f)  # Eq. 4: c[t] = f[t] . c[t-1] + (1 - f[t]) . U[t, 2]
+    h = torch.lerp(x, c, r)  # Eq. 5: h[t] = r[t] . c[t] + (1 - r[t]) . x[t]  (the highway)
     return h, c
 
 

@@ -49,9 +49,11 @@ def test_every_model_has_positive_rows(quick_run):
         assert float(r["value"]) > 0, r
         assert int(r["batch"]) >= 1 and int(r["length"]) >= 1, r
     present = {(r["section"], r["model"]) for r in rows}
-    expected = {("gen", m) for m in bench.LM_MODELS} | {("s2s", m) for m in bench.S2S_MODELS}
-    expected |= {(s, m) for s in ("train_attn", "train_lm") for m in bench.TRAIN_MODELS}
-    expected |= {("memory", m) for m in ("softmax_kv", "t2r32", "t2r32_window64", "t2r4", "elu", "rfa32")}
+    expected = {("gen", m) for m in [*bench.LM_MODELS, *bench.SRU_MODELS]} | {("s2s", m) for m in bench.S2S_MODELS}
+    expected |= {(s, m) for s in ("train_attn", "train_lm") for m in bench.TRAIN_MODELS if m not in bench.SRU_MODELS}
+    expected |= {("train_lm", m) for m in bench.SRU_MODELS}
+    expected |= {("memory", m) for m in ("softmax_kv", "t2r32", "t2r32_window64", "t2r4", "elu", "rfa32", "sru++",
+                                         "sru++_top")}
     assert expected <= present, sorted(expected - present)
     metrics = {(r["section"], r["model"]): set() for r in rows}
     for r in rows:
@@ -65,7 +67,7 @@ def test_every_model_has_positive_rows(quick_run):
 def test_measured_state_ratio_matches_theory(quick_run):
     _, _, rows, _ = quick_run
     got = {(r["model"], r["metric"]): float(r["value"]) for r in rows if r["section"] == "memory"}
-    for model in ("t2r32", "t2r32_window64", "t2r4", "elu", "rfa32"):  # the window's ring buffer included
+    for model in ("t2r32", "t2r32_window64", "t2r4", "elu", "rfa32", "sru++", "sru++_top"):  # caches included
         assert got[(model, "kv_over_state")] == pytest.approx(got[(model, "kv_over_state_theory")], rel=1e-3)
 
 
@@ -108,6 +110,13 @@ def test_theory_ratio():
     assert bench.theory_ratio(4096, 1024, 8, 32) == pytest.approx(2 * 4096 * 128 / (32 * 129))  # the paper's LM
     # a window of W = 64 adds 2 W d per head: 2*4096*256 / (4*(32*65 + 2*64*64)) = 51.0
     assert bench.theory_ratio(4096, 256, 4, 32, window=64) == pytest.approx(2 * 4096 * 256 / (4 * (32 * 65 + 8192)))
+
+
+def test_sru_theory_ratio():
+    # 2 N h L / (L h + a 2 N d'): N=4096, h=256, L=4 layers, d'=64; a=4 attention layers, or a=1
+    every, top = (bench.SRUConfig(n_layer=4, d_model=256, attn_every=k) for k in (1, 4))
+    assert bench.sru_theory_ratio(4096, every) == pytest.approx(2 * 4096 * 256 * 4 / (4 * 256 + 4 * 2 * 4096 * 64))
+    assert bench.sru_theory_ratio(4096, top) == pytest.approx(15.97, abs=0.01)
 
 
 def test_peak_memory_counts_new_tensors_only():

@@ -30,14 +30,24 @@ def tiny(attn_every=1, seed=0, **overrides):
     return model.double().eval()
 
 
-def test_the_recurrence_is_eqs_1_to_5():
+def step_by_step(U, x, c, v, b):
+    """sru_cell at every position: the recurrent form of sru_recurrence."""
+    hs = []
+    for u_t, x_t in zip(U.unbind(1), x.unbind(1)):
+        h, c = sru.sru_cell(u_t, x_t, c, v, b)
+        hs.append(h)
+    return torch.stack(hs, 1), c
+
+
+@pytest.mark.parametrize("form", [sru.sru_recurrence, step_by_step], ids=["training-form", "cell"])
+def test_the_recurrence_is_eqs_1_to_5(form):
     g = torch.Generator().manual_seed(0)
     B, d = 2, 5
     x = torch.randn(B, 3, d, generator=g, dtype=torch.float64)
     W, W1, W2 = (torch.randn(d, d, generator=g, dtype=torch.float64) for _ in range(3))
     v, b = torch.randn(2, d, generator=g, dtype=torch.float64), torch.randn(2, d, generator=g, dtype=torch.float64)
     U = (x @ torch.cat([W, W1, W2]).T).view(B, 3, 3, d)  # Eq. 1: one multiplication for the three
-    h, c_last = sru.sru_recurrence(U, x, torch.zeros(B, d, dtype=torch.float64), v, b)
+    h, c_last = form(U, x, torch.zeros(B, d, dtype=torch.float64), v, b)
     c = torch.zeros(B, d, dtype=torch.float64)
     for t in range(3):  # the four equations, with their own matrices, element by element
         for i in range(B):
@@ -47,7 +57,7 @@ def test_the_recurrence_is_eqs_1_to_5():
                 c[i, j] = f * c[i, j] + (1 - f) * (W2[j] @ x[i, t])
                 expected = r * c[i, j] + (1 - r) * x[i, t, j]
                 assert abs(h[i, t, j] - expected) < 1e-12
-    assert report("last c vs Eqs. 1-5", (c_last - c).abs().max()) < 1e-12
+    assert report(f"{form.__name__}: last c vs Eqs. 1-5", (c_last - c).abs().max()) < 1e-12
 
 
 def test_the_hand_written_backward_equals_autograd_through_the_cell():
@@ -57,12 +67,6 @@ def test_the_hand_written_backward_equals_autograd_through_the_cell():
               for shape in ((B, T, 3, d), (B, T, d), (B, d), (2, d), (2, d))]  # U, x, c before the first, v, b
     weight = torch.randn(B, T, d, generator=g, dtype=torch.float64)
 
-    def step_by_step(U, x, c, v, b):
-        hs = []
-        for u_t, x_t in zip(U.unbind(1), x.unbind(1)):
-            h, c = sru.sru_cell(u_t, x_t, c, v, b)
-            hs.append(h)
-        return torch.stack(hs, 1), c
     grads = []
     for form in (sru.sru_recurrence, step_by_step):
         h, c = form(*inputs)
