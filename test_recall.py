@@ -1,0 +1,71 @@
+"""Tests of the recall probe (experiments/recall.py): the probes repeat their span, the accuracy scores the right
+positions (an oracle scores 1, a model one token late scores 0), and the script runs on trained models.
+
+    python -m pytest -q -s test_recall.py
+"""
+
+import csv
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ROOT, assert_one_line_error, run, write_corpus
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import recall  # noqa: E402
+
+SPAN, DISTANCE, V = 5, 7, 50
+
+
+def test_a_probe_is_a_span_the_text_after_it_and_the_span_again():
+    ids = torch.arange(1000)
+    x = recall.probes(ids, DISTANCE, SPAN, samples=4, seed=0)
+    assert x.shape == (4, 2 * SPAN + DISTANCE)
+    assert torch.equal(x[:, :SPAN], x[:, -SPAN:])
+    assert torch.equal(x[:, 1: SPAN + DISTANCE] - x[:, : SPAN + DISTANCE - 1], torch.ones(4, SPAN + DISTANCE - 1,
+                                                                                          dtype=torch.long))
+    assert torch.equal(x, recall.probes(ids, DISTANCE, SPAN, samples=4, seed=0))  # the same places for every model
+
+
+class Predicts:
+    """A stand-in model whose top prediction at position t is the probe's token at t + shift."""
+
+    def __init__(self, x, shift):
+        self.x, self.shift = x, shift
+
+    def __call__(self, inputs):
+        target = torch.roll(self.x, -self.shift, dims=1)[:, : inputs.shape[1]]
+        return F.one_hot(target, V).float()
+
+
+@pytest.mark.parametrize("shift, expected", [(1, (1.0, 1.0)), (0, (0.0, 0.0))], ids=["oracle", "one-late"])
+def test_the_accuracy_scores_the_spans_next_tokens(shift, expected):
+    x = recall.probes(torch.randperm(V), DISTANCE, SPAN, samples=3, seed=1)  # no token twice in the text
+    assert recall.accuracies(Predicts(x, shift), x, SPAN, batch_size=3) == expected
+
+
+def test_the_script_probes_every_model_on_the_same_sequences(tmp_path):
+    corpus = write_corpus(str(tmp_path / "tiny"))
+    flags = ["--dataset", corpus, "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--block_size", "16",
+             "--max_steps", "2", "--eval_context", "16", "--eval_score", "8", "--eval_windows", "2"]
+    run("train_lm.py", *flags, "--out_dir", "softmax", cwd=tmp_path)
+    run("train_lm.py", *flags, "--attn", "t2r", "--feature_size", "4", "--out_dir", "t2r", cwd=tmp_path)
+    out = run("experiments/recall.py", "--ckpt", "softmax/model.pt", "--ckpt", "t2r/model.pt", "--distances", "4,16",
+              "--samples", "8", "--span", "4", "--out", "recall.csv", cwd=tmp_path).stdout
+    print(out)
+    with open(tmp_path / "recall.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["model"], r["distance"]) for r in rows] == [("softmax", "4"), ("softmax", "16"), ("t2r", "4"),
+                                                           ("t2r", "16")]
+    assert all(0 <= float(r["repeat_accuracy"]) <= 1 for r in rows)
+
+
+def test_too_short_a_split_is_a_one_line_error(tmp_path):
+    corpus = write_corpus(str(tmp_path / "tiny"), lines=(600, 2, 2))
+    run("train_lm.py", "--dataset", corpus, "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--block_size", "16",
+        "--max_steps", "1", "--eval_context", "8", "--eval_score", "4", "--out_dir", "r", cwd=tmp_path)
+    result = run("experiments/recall.py", "--ckpt", "r/model.pt", "--distances", "4096", cwd=tmp_path, check=False)
+    assert_one_line_error(result, "too few for 64 probes")
