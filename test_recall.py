@@ -1,5 +1,5 @@
 """Tests of the recall probe (experiments/recall.py): the probes repeat their span, the accuracy scores the right
-positions (an oracle scores 1, a model one token late scores 0), and the script runs on trained models.
+positions (an oracle scores 1, a model one token late scores 0), the script runs on trained models.
 
     python -m pytest -q -s test_recall.py
 """
@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, assert_one_line_error, run, write_corpus
+from conftest import ROOT, run, write_corpus
+from runtime import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import recall  # noqa: E402
@@ -63,9 +64,6 @@ def test_the_script_probes_every_model_on_the_same_sequences(tmp_path):
     assert all(0 <= float(r["repeat_accuracy"]) <= 1 for r in rows)
 
 
-def test_too_short_a_split_is_a_one_line_error(tmp_path):
-    corpus = write_corpus(str(tmp_path / "tiny"), lines=(600, 2, 2))
-    run("train_lm.py", "--dataset", corpus, "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--block_size", "16",
-        "--max_steps", "1", "--eval_context", "8", "--eval_score", "4", "--out_dir", "r", cwd=tmp_path)
-    result = run("experiments/recall.py", "--ckpt", "r/model.pt", "--distances", "4096", cwd=tmp_path, check=False)
-    assert_one_line_error(result, "too few for 64 probes")
+def test_too_short_a_split_is_refused():
+    with pytest.raises(UserError, match="too few for 64 probes of 4128 tokens"):
+        recall.probes(torch.arange(3000), 4096, 16, samples=64, seed=0)
