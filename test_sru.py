@@ -12,7 +12,7 @@ import torch
 
 import sru
 import train_lm
-from conftest import assert_flags_refused, assert_one_line_error, report, run
+from conftest import assert_flags_refused, assert_one_line_error, report, run, write_corpus
 from sru import SRUConfig, SRUppLayer, SRUppLM
 
 T = 7
@@ -149,20 +149,27 @@ def weights(path):
     return torch.load(path, weights_only=True)["model"]
 
 
-def test_train_lm_trains_sru_and_resumes_it_exactly(tmp_path, corpus):
-    run("train_lm.py", "--dataset", corpus, *SRU_TINY, cwd=tmp_path)
-    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "split", "--stop_at", "3", cwd=tmp_path)
-    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
-    straight, resumed = weights(tmp_path / "out/tiny-sru++every2-random/ckpt.pt"), weights(tmp_path / "split/ckpt.pt")
+@pytest.fixture(scope="module")
+def sru_runs(tmp_path_factory):
+    """train_lm.py --arch sru++ straight through, and stopped at step 3 then resumed."""
+    tmp = tmp_path_factory.mktemp("sru")
+    corpus = write_corpus(str(tmp / "tiny"))
+    run("train_lm.py", "--dataset", corpus, *SRU_TINY, cwd=tmp)
+    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "split", "--stop_at", "3", cwd=tmp)
+    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp)
+    return tmp
+
+
+def test_train_lm_trains_sru_and_resumes_it_exactly(sru_runs):
+    straight, resumed = weights(sru_runs / "out/tiny-sru++every2-random/ckpt.pt"), weights(sru_runs / "split/ckpt.pt")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    results = json.loads((tmp_path / "split/results.json").read_text())
+    results = json.loads((sru_runs / "split/results.json").read_text())
     assert results["attn"] == "sru++every2" and results["k"] is None and results["test"]["ppl"] > 1
 
 
-def test_generate_samples_from_sru_with_its_recurrent_state(tmp_path, corpus):
-    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "r", cwd=tmp_path)
-    out = run("generate.py", "--ckpt", "r/model.pt", "--prompt", "w1 w2", "--num_tokens", "40", "--check",
-              cwd=tmp_path).stdout
+def test_generate_samples_from_sru_with_its_recurrent_state(sru_runs):
+    out = run("generate.py", "--ckpt", "split/model.pt", "--prompt", "w1 w2", "--num_tokens", "40", "--check",
+              cwd=sru_runs).stdout
     print(out[-400:])
     assert "SRU++ with attention in 1 of 2 layers" in out and "keys and values in the attention layers" in out
     assert float(out.split("logits = ")[1].split()[0]) < 1e-4
