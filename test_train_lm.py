@@ -79,6 +79,10 @@ def test_resume_is_exact_and_restores_every_flag(tmp_path, corpus, attn, flags):
     print(f"{attn}: max |straight - resumed| parameter = {diff}")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert all(torch.equal(opt_a[i]["exp_avg"], opt_b[i]["exp_avg"]) for i in opt_a)
+    # the learning curve, one point per evaluation, survives the interruption
+    curve = lambda run: json.loads((tmp_path / run / "results.json").read_text())["curve"]
+    steps, tokens, _ = zip(*curve("straight"))
+    assert curve("split") == curve("straight") and steps[-1] == 8 and tokens[-1] == 8 * tokens[0] / steps[0]
 
 
 def test_ddp_gloo_two_processes(tmp_path, corpus):

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -173,6 +173,8 @@ class Progress:
     best_val: float = math.inf  # the best validation loss so far
     train_seconds: float = 0.0  # training and periodic evaluation, over every invocation of the run
     after_transfer: dict | None = None  # the final evaluation's figures at the end of the transfer stage
+    tokens: int = 0  # training target tokens seen, over all processes (under DDP: this process's count x processes)
+    curve: list = field(default_factory=list)  # the learning curve: [step, tokens, validation loss] per evaluation
 
 
 def train(task: Task) -> dict:
@@ -202,6 +204,7 @@ def train(task: Task) -> dict:
                 loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
                 nonfinite |= ~torch.isfinite(loss.detach())
                 tokens += n * ddp.world_size
+                p.tokens += n * ddp.world_size
             optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
             p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
             bar.update(1)
@@ -294,7 +297,7 @@ def start(task: Task, device, dtype):
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
         p = Progress(checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"],
-                     checkpoint.get("after_transfer"))
+                     checkpoint.get("after_transfer"), checkpoint.get("tokens", 0), checkpoint.get("curve", []))
         set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], task.generator)
         print(f"resumed {path} at step {p.step} (best validation loss {p.best_val:.4f})")
     if ddp.is_main:
@@ -357,6 +360,7 @@ def log_step(bar, p: Progress, task: Task, loss: float, lr: float, tokens_per_s:
 def validate(task: Task, model, p: Progress):
     val_loss = task.validation_loss(model)
     p.best_val = min(p.best_val, val_loss)
+    p.curve.append([p.step, p.tokens, val_loss])
     if task.ddp.is_main:
         tqdm.write(f"step {p.step}: validation loss {val_loss:.4f} (ppl {math.exp(val_loss):.2f}), "
                    f"best {p.best_val:.4f}")
@@ -371,7 +375,7 @@ def save_run(task: Task, model, optimizer, scaler, p: Progress):
             "config": model.config.to_dict(), "args": serializable(vars(task.args)), "step": p.step,
             "max_steps": task.steps, "best_val": p.best_val, "rng": rng,
             "train_seconds": p.train_seconds, "after_transfer": p.after_transfer, "identity": task.run_identity,
-            **task.checkpoint_extras()})
+            "tokens": p.tokens, "curve": p.curve, **task.checkpoint_extras()})
 
 
 def finish(task: Task, model, p: Progress) -> dict:
@@ -386,6 +390,8 @@ def finish(task: Task, model, p: Progress) -> dict:
     results = task.report(final, p.train_seconds)
     if results and p.after_transfer:
         results["after_transfer"] = p.after_transfer
+    if results:
+        results["curve"] = p.curve  # the learning curve, for plots: [step, training tokens, validation loss]
     return write_results(task, results)
 
 

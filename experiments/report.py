@@ -55,17 +55,19 @@ def read_csv(path: str) -> list:
 
 
 def read_results(results_dir: str) -> dict:
-    """{lm, fs, att, mt: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
+    """{lm, fs, att, mt, bench: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
     pretrained_mlp_frozen."""
     lm, fs, att, mt = (read_csv(os.path.join(results_dir, f"{name}.csv")) for name in CSVS)
     for r in fs:
         r["variant"] = "pretrained_mlp_frozen" if r["model"] == "t2r_mlp_frozen" else r["init"]
+    bench_csv = os.path.join(results_dir, "bench", "bench.csv")  # bench.py's tables, for Fig. 2's length trend
+    bench = read_csv(bench_csv) if os.path.isfile(bench_csv) else []
     path = os.path.join(results_dir, "machine.json")
     machine = {}
     if os.path.isfile(path):
         with open(path) as f:
             machine = json.load(f)
-    return dict(lm=lm, fs=fs, att=att, mt=mt, machine=machine)
+    return dict(lm=lm, fs=fs, att=att, mt=mt, bench=bench, machine=machine)
 
 
 def feature_sizes_of(results: dict) -> list:
@@ -257,7 +259,9 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "rows whose ReLU features are all zero), `valid_ppl`, `windows`"),
     ("mt.csv", "Table 2 run", "`model`, `init`, `k_cross`, `k_causal`, `bleu` (test, sacreBLEU), `valid_bleu`, "
      "`tok_bleu` (test, tokenized), `tokens_per_s` (greedy, batch 16, test sentences: the median of `speed_passes` "
-     "passes, from `speed_low` to `speed_high`), `train_minutes`"),
+     "passes, from `speed_low` to `speed_high`), `tokens_per_sentence` (generated, on average), `train_minutes`"),
+    ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
+     "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished")]
 
 
@@ -283,6 +287,8 @@ def results_page(results: dict, claims: list) -> list:
             f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "
             "machine):", "", *[f"- {line}" for line in machine_lines(machine)], "",
             *([machine["note"], ""] if machine.get("note") else []),
+            *(["Fig. 2's length claims read `bench/bench.csv`, written by its own `bench.py` run: its command, machine "
+               "and date head [bench/bench.md](bench/bench.md).", ""] if results["bench"] else []),
             "## The files", "", "Floats to 4 decimals; an empty cell where a value does not apply.", "",
             "| file | one row per | columns |", "|---|---|---|",
             *[f"| `{f}` | {row} | {cols} |" for f, row, cols in FILES], ""]

@@ -255,7 +255,7 @@ def measure_speed(runs: list, dry_run: bool):
 LM_COLUMNS = ["model", "init", "k", "seed", "valid_ppl", "test_ppl", "train_minutes"]
 ATTENTION_COLUMNS = ["stage", "k", "distance", "entropy", "empty_rows", "valid_ppl", "windows"]
 MT_COLUMNS = ["model", "init", "k_cross", "k_causal", "bleu", "valid_bleu", "tok_bleu", "tokens_per_s", "speed_low",
-              "speed_high", "speed_passes", "train_minutes"]
+              "speed_high", "speed_passes", "tokens_per_sentence", "train_minutes"]
 
 
 def finished(runs: list) -> list:
@@ -296,7 +296,9 @@ def mt_rows(runs: list) -> list:
                      "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"],
                      "tokens_per_s": speed.get("tokens_per_s"),
                      "speed_low": min(passes, default=None), "speed_high": max(passes, default=None),
-                     "speed_passes": len(passes) or None, "train_minutes": r["train_minutes"]})
+                     "speed_passes": len(passes) or None,
+                     "tokens_per_sentence": speed["tokens"] / speed["sentences"] if "sentences" in speed else None,
+                     "train_minutes": r["train_minutes"]})
     return rows
 
 

@@ -1,0 +1,162 @@
+"""Tests of the study's verdicts (experiments/claims.py) on made-up rows: each claim can say yes, **no**, within
+noise or inconclusive, and the statistics behind them agree with their textbook formulas.
+
+    python -m pytest -q -s test_claims.py
+"""
+
+import os
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import claims  # noqa: E402
+import report as study_report  # noqa: E402
+
+
+def lm_row(model, init, test, seed=0, k=32, minutes=1.0):
+    k = None if model == "softmax" else (64 if model == "elu" else k)
+    return dict(model=model, init=init, k=k, seed=seed, valid_ppl=test + 5, test_ppl=test, train_minutes=minutes)
+
+
+def mt_row(model, init, bleu, speed, low=None, high=None, length=None):
+    return dict(model=model, init=init, bleu=bleu, tokens_per_s=speed, speed_low=low, speed_high=high,
+                tokens_per_sentence=length)
+
+
+def held_by_claim(found: list) -> dict:
+    return {claim: held for claim, _, _, held in found}
+
+
+@pytest.mark.parametrize("low, high, spread, expected", [
+    (1.0, 2.0, 0.5, "yes"), (1.0, 2.0, 1.0, "within noise"), (2.0, 2.0, 0.0, "**no**"), (3.0, 2.0, 0.0, "**no**")])
+def test_ordering_verdicts(low, high, spread, expected):
+    assert claims.ordering(low, high, spread) == expected
+
+
+def test_spearman_is_the_textbook_formula_without_ties():
+    xs, ys = [1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 1.0, 4.0, 3.0, 5.0]
+    d2 = sum((a - b) ** 2 for a, b in zip(claims.ranks(xs), claims.ranks(ys)))
+    n = len(xs)
+    textbook = 1 - 6 * d2 / (n * (n * n - 1))
+    print(f"spearman {claims.spearman(xs, ys)} vs 1 - 6 sum d^2 / (n (n^2 - 1)) = {textbook}")
+    assert claims.spearman(xs, ys) == pytest.approx(textbook, abs=1e-12) == 0.8
+
+
+def test_ranks_share_ties():
+    assert claims.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_a_correlation_carried_by_one_point_is_no():
+    """Pearson's r is high only because of one far point; the ranks, and leaving it out, show it."""
+    pairs = [(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 1.0), (5.0, 2.0), (50.0, 100.0)]
+    claim, _, ours, held = claims.correlation_claim(pairs)
+    print(ours)
+    assert claims.pearson(*zip(*pairs)) > 0.9 and held == "**no**"
+    assert "(-0.80 to 1.00 with any one point" in ours  # without the far point: sxy = -8, sxx = syy = 10
+
+
+def test_a_claim_that_does_not_hold_says_no():
+    mt = [mt_row("softmax", "random", 20.0, 500.0), mt_row("t2r", "pretrained", 17.0, 300.0),
+          mt_row("elu", "pretrained", 19.0, 800.0), mt_row("t2r", "random", 18.0, 700.0)]
+    held = held_by_claim(claims.mt_claims(mt))
+    assert list(held.values()) == ["**no**"] * 4 and len(held) == 4
+    assert "| **no** |" in "\n".join(study_report.claims_table(claims.mt_claims(mt)))
+
+
+def test_speed_on_short_sentences_is_inconclusive_when_the_passes_overlap():
+    mt = [mt_row("softmax", "random", 20.0, 700.0, 650.0, 760.0), mt_row("elu", "pretrained", 19.0, 600.0, 590.0, 610.0),
+          mt_row("t2r", "pretrained", 19.5, 740.0, 720.0, 790.0, length=22.4)]
+    assert claims.mt_claims(mt)[-1][3] == "inconclusive at 22 tokens"
+    mt[0].update(speed_high=710.0)  # now every T2R pass beats every softmax and ELU pass
+    assert claims.mt_claims(mt)[-1][3] == "yes"
+
+
+def bench_rows(t2r: list, softmax: list, elu: list, lengths=(128, 1024, 4096)) -> list:
+    return [dict(section="s2s", model=model, batch=16, length=n, metric="tokens_per_s", value=v)
+            for model, values in (("t2r32-4", t2r), ("softmax_kv", softmax), ("elu", elu))
+            for n, v in zip(lengths, values)]
+
+
+@pytest.mark.parametrize("softmax, elu, expected", [
+    ([900.0, 500.0, 100.0], [800.0, 800.0, 800.0], ["yes", "yes"]),  # the lead grows; 25% over ELU everywhere
+    ([900.0, 900.0, 900.0], [800.0, 800.0, 900.0], ["**no**", "**no**"]),  # no growth; ELU as fast at 4096
+])
+def test_length_claims_read_the_trend(softmax, elu, expected):
+    found = claims.length_claims(bench_rows([1000.0, 1000.0, 1000.0], softmax, elu))
+    print([c[2] for c in found])
+    assert [c[3] for c in found] == expected
+
+
+def test_pretraining_gets_a_verdict_for_each_part_with_the_seeds_spread():
+    rows = [lm_row("softmax", "random", 120.0), lm_row("t2r", "random", 130.0), lm_row("elu", "random", 131.0),
+            lm_row("rfa", "random", 200.0)]  # an RFA from scratch that did not train: its "gain" is huge
+    rows += [lm_row("t2r", "pretrained", 128.5 + s, s) for s in (0, 2)]  # 129.5 ± 1: 0.5 ahead, inside the spread
+    rows += [lm_row("elu", "pretrained", 132.0, s) for s in (0, 1)]  # ELU gains -1, T2R 0.5: 1.5 more, spread 1
+    rows += [lm_row("rfa", "pretrained", 140.0, s) for s in (0, 1)]
+    held = [c[3] for c in claims.lm_claims(rows) if c[0].startswith("pretraining helps")]
+    assert held == ["within noise", "yes", "**no**"], held  # T2R vs scratch; more than ELU; than RFA
+
+
+def test_lm_claims_say_no_within_noise_and_not_applicable():
+    base = [lm_row("softmax", "random", 120.0), lm_row("t2r", "random", 130.0), lm_row("elu", "random", 131.0),
+            lm_row("rfa", "random", 132.0), lm_row("t2r75", "pretrained", 115.0)]
+    # T2R + pretrain ahead of ELU by 1 with seeds 3 apart: the ordering holds, inside the spread
+    close = base + [lm_row("t2r", "pretrained", 100.0 + s, s) for s in (0, 3)] + \
+        [lm_row("elu", "pretrained", 102.5 + s, s) for s in (0, 3)] + \
+        [lm_row("rfa", "pretrained", 140.0 + s, s) for s in (0, 3)]
+    held = held_by_claim(claims.lm_claims(close))
+    assert held["T2R + pretrain beats ELU + pretrain and RFA + pretrain (test ppl, mean of the seeds)"] == \
+        "within noise"
+    gap = [v for c, v in held.items() if "gap" in c]
+    assert gap == ["**no**", "n/a"], "T2R (101.5) is ahead of softmax (120): there is no gap to close"
+    worse = base + [lm_row("t2r", "pretrained", 135.0), lm_row("elu", "pretrained", 125.0),
+                    lm_row("rfa", "pretrained", 126.0)]
+    held = [c[3] for c in claims.lm_claims(worse)]
+    assert held == ["**no**"] * 5 + ["yes", "yes"], held  # 75% hybrid: (135 - 115) / (135 - 120) > 0.5
+
+
+def attention_rows(before: dict, tuned: dict, frozen: dict) -> list:
+    return ([dict(stage="before_finetuning", k=k, distance=d, entropy=5.0, valid_ppl=None) for k, d in before.items()]
+            + [dict(stage="finetuned", k=k, distance=d, entropy=3.0, valid_ppl=100.0) for k, d in tuned.items()]
+            + [dict(stage="mlp_frozen", k=k, distance=d, entropy=3.0, valid_ppl=None) for k, d in frozen.items()])
+
+
+def test_much_closer_needs_the_distance_halved():
+    att = attention_rows({4: 0.5, 64: 0.5}, {4: 0.3, 64: 0.2}, {4: 0.4, 64: 0.3})  # -40% and -60%
+    found = claims.distance_claims(att)
+    print(found[0][2])
+    assert found[0][3] == "**no**" and "(-40%)" in found[0][2]
+    att = attention_rows({4: 0.5, 64: 0.5}, {4: 0.25, 64: 0.2}, {4: 0.4, 64: 0.3})
+    assert claims.distance_claims(att)[0][3] == "yes"
+
+
+def test_the_k_trend_inside_the_starting_points_spread_is_within_noise():
+    # finetuned: 0.02 lower at k = 64, but the starting points already differ by 0.1 (spread 0.05)
+    att = attention_rows({4: 0.6, 64: 0.5}, {4: 0.22, 64: 0.2}, {4: 0.4, 64: 0.3})
+    assert claims.distance_claims(att)[1][3] == "within noise"
+
+
+def test_feature_claims_say_no():
+    fs = [dict(variant="pretrained", k=k, valid_ppl=100.0) for k in (4, 64)] + \
+        [dict(variant="random", k=k, valid_ppl=v) for k, v in ((4, 101.0), (64, 110.0))]
+    att = [dict(stage=stage, k=k, distance=d, entropy=e, valid_ppl=p) for stage, k, d, e, p in (
+        ("before_finetuning", 4, 0.5, 5.0, None), ("before_finetuning", 64, 0.5, 5.0, None),
+        ("finetuned", 4, 0.6, 3.0, 100.0), ("finetuned", 64, 0.7, 3.5, 100.0),
+        ("mlp_frozen", 4, 0.5, 3.0, None), ("mlp_frozen", 64, 0.6, 3.0, None),
+        ("random_init", 4, None, 2.0, 101.0), ("random_init", 64, None, 2.5, 110.0))]
+    held = {claim.split(":")[1].strip(): v for claim, _, _, v in claims.feature_claims(fs, att)}
+    print(held)
+    assert set(held.values()) == {"**no**"} and len(held) == 7
+
+
+def test_the_paper_numbers_in_the_claims_are_the_tables():
+    """The paper's column of each claim is built from PAPER_LM and PAPER_MT, so that they are typed once."""
+    lm = [lm_row(m, i, 100.0) for m, i in claims.PAPER_LM] + [lm_row("softmax", "pretrained", 99.0)]
+    paper = {c[0]: c[1] for c in claims.lm_claims(lm)}
+    assert "19.6 vs 22.2 and 21.6" in paper.values() and "98 vs 474 GPU hours (~5x), 19.6 vs 20.8" in paper.values()
+    assert "1.2 vs 0.6" in paper.values() and "1.2 vs -0.3" in paper.values()  # the gains from pretraining
+    mt = [dict(model=m, init=i, bleu=20.0, tokens_per_s=None) for m, i in claims.PAPER_MT]
+    assert [c[1] for c in claims.mt_claims(mt)] == ["28.7 vs 28.9", "28.7 vs 27.5 (random init)", "28.4 vs 28.7"]
