@@ -107,6 +107,10 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
 
 
 def check_conversion_flags(args, parser):
+    if getattr(args, "keep_softmax_every", 0) and args.init != "pretrained":
+        parser.error("--keep_softmax_every picks which of the teacher's layers stay softmax: add --init pretrained")
+    if "keep_softmax_from" in args.explicit and not getattr(args, "keep_softmax_every", 0):
+        parser.error("--keep_softmax_from says where --keep_softmax_every starts counting: add --keep_softmax_every")
     if args.transfer_steps and args.init != "pretrained":
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
     if args.attn == "softmax" and (args.transfer_steps or args.window):
@@ -212,8 +216,10 @@ def student_of(teacher, args, **convert_options):
 
 
 def model_name(args) -> str:
-    """A run's row in the tables: t2r, t2r+pretrain, t2r+transfer+window64+pretrain, ..."""
+    """A run's row in the tables: t2r, t2r+pretrain, t2r+transfer+window64+pretrain, t2r+keep4top+pretrain, ..."""
     steps = (["transfer"] if args.transfer_steps else []) + ([f"window{args.window}"] if args.window else [])
+    if getattr(args, "keep_softmax_every", 0):  # the layers left softmax (a language model's option)
+        steps.append(f"keep{args.keep_softmax_every}" + ("top" if args.keep_softmax_from == "top" else ""))
     return "+".join([args.attn] + steps + (["pretrain"] if args.init == "pretrained" else []))
 
 

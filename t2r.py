@@ -736,11 +736,19 @@ def build_model(config: Config | dict) -> TransformerBase:
 # -----------------------------------------------------------------------------
 # Swap then finetune (section 2.2) and folding (Eq. 8)
 
-def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int) -> list:
-    """Layer kinds, bottom to top. keep_softmax_every=4 keeps the 4th, 8th, ... layer counted from the top
-    as softmax (the paper's "T2R 75%"); 0 converts every layer."""
+KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
+
+
+def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
+    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
+    (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...
+    0 converts every layer."""
+    if keep_softmax_from not in KEEP_SOFTMAX_FROM:
+        raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
+    first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, counted from the top
+
     def keep(i):  # i counts from the bottom; n_layer - i counts from the top, starting at 1
-        return keep_softmax_every > 0 and (n_layer - i) % keep_softmax_every == 0
+        return keep_softmax_every > 0 and (n_layer - i - first) % keep_softmax_every == 0 and n_layer - i >= first
     return ["softmax" if keep(i) else attn for i in range(n_layer)]
 
 
@@ -749,8 +757,8 @@ def is_feature_map_parameter(name: str) -> bool:
     return ".feature_map." in name or name.endswith(".window_gate")
 
 
-def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None,
-            keep_softmax_every: int = 0, cross_feature_size: int = 32, window: int = 0) -> TransformerBase:
+def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
+            cross_feature_size: int = 32, window: int = 0, keep_softmax_from: str = "nth") -> TransformerBase:
     """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`.
 
     Every pretrained weight is copied; only the feature-map parameters are new. The encoder of a
@@ -769,7 +777,8 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     if feature_size is None:
         feature_size = 4 if is_seq2seq else 32
     new_config = replace(
-        config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every), feature_size=feature_size,
+        config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
+        feature_size=feature_size,
         cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size, window=window)
     student = type(model)(new_config)
     copy_pretrained(model, student)

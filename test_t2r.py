@@ -251,12 +251,15 @@ def test_convert_copies_every_pretrained_weight(kind):
     print(f"convert to {kind}: {new_parameter_count(teacher, student)} new parameters")
 
 
-def test_convert_keep_softmax_every():
+@pytest.mark.parametrize("start, kept", [
+    ("nth", [0, 4]),  # the 4th and 8th from the top (layer 7 is the top)
+    ("top", [3, 7]),  # the top one and the 5th from the top
+])
+def test_convert_keep_softmax_every(start, kept):
     teacher = make(TransformerLM, lm_config("softmax", n_layer=8))
-    student = t2r.convert(teacher, "t2r", feature_size=4, keep_softmax_every=4)
-    # counted from the top (layer 8 is the top): the 4th and 8th are kept
+    student = t2r.convert(teacher, "t2r", feature_size=4, keep_softmax_every=4, keep_softmax_from=start)
     kinds = student.config.layer_kinds()
-    assert kinds == ["softmax", "t2r", "t2r", "t2r", "softmax", "t2r", "t2r", "t2r"]
+    assert kinds == ["softmax" if i in kept else "t2r" for i in range(8)]
     assert [type(layer.self_attn).__name__ for layer in student.layers] == [
         "SoftmaxAttention" if k == "softmax" else "LinearAttention" for k in kinds]
     assert new_parameter_count(teacher, student) == 6 * 2 * 4 * (8 + 1)

@@ -156,6 +156,8 @@ def test_a_missing_dataset_is_a_one_line_error(tmp_path):
     (["--eval_windows", "0"], "--eval_windows: 0 is not a positive integer"),
     (["--chunk_size", "-1"], "--chunk_size: -1 is not an integer >= 0"),
     (["--device", "foo"], "--device: 'foo' is no device"),
+    (["--keep_softmax_every", "4"], "--keep_softmax_every picks which of the teacher's layers stay softmax"),
+    (["--init", "pretrained", "--keep_softmax_from", "top"], "--keep_softmax_from says where --keep_softmax_every"),
 ])
 def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
     assert_flags_refused(train_lm.get_args, argv, message, capsys)

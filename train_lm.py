@@ -27,7 +27,7 @@ from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from sru import SRUConfig, SRUppLM
-from t2r import Config, TransformerLM, feature_sizes, is_feature_map_parameter
+from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, feature_sizes, is_feature_map_parameter
 from training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
@@ -40,7 +40,7 @@ PRESET_FINETUNE = dict(grad_accum=1)  # appendix Table 4: update-freq 1 when fin
 MODEL_FLAGS = ("n_layer", "n_head", "d_model", "d_ff")
 # What SRU++ has no use for: it has no heads, feed-forward layers or linear attention, and nothing to convert
 TRANSFORMER_FLAGS = ("attn", "n_head", "d_ff", "feature_size", "chunk_size", "window", "preset", "layer_dropout",
-                     "keep_softmax_every", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr")
+                     "keep_softmax_every", "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr")
 SRU_FLAGS = ("attn_every", "d_attn")
 
 # Pretraining schedule of the CPU default, and the finetuning one. Appendix Table 4 against Table 3:
@@ -62,6 +62,7 @@ def get_args(argv=None):
     g.add_argument("--preset", default=None, choices=sorted(PRESETS), help="the paper's WikiText-103 model (32 layers, 1024/4096)")
     g.add_argument("--layer_dropout", type=fraction, default=0.0, help="LayerDrop: probability of skipping a layer in training")
     g.add_argument("--keep_softmax_every", type=non_negative_int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
+    g.add_argument("--keep_softmax_from", default="nth", choices=KEEP_SOFTMAX_FROM, help="with --keep_softmax_every n: the first layer kept is the n-th from the top (nth) or the top one (top)")
     g.add_argument("--freeze_feature_map", action="store_true", help="finetune with the feature-map MLP frozen (the paper's 'T2R MLP frozen' analysis)")
     g.add_argument("--arch", default="transformer", choices=["transformer", "sru++"], help="sru++: the SRU++ RNN of sru.py, trained from scratch")
     g.add_argument("--attn_every", type=non_negative_int, default=1, help="SRU++: attention in every k-th layer (0: none)")
@@ -223,7 +224,7 @@ def new_model(args, lm):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
                         f"since, or it is another corpus of the same size): pretrain on this --dataset")
     return student_of(model_from_checkpoint(checkpoint, args.pretrained), args,
-                      keep_softmax_every=args.keep_softmax_every)
+                      keep_softmax_every=args.keep_softmax_every, keep_softmax_from=args.keep_softmax_from)
 
 
 def data_identity(lm) -> dict:
