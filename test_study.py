@@ -26,6 +26,7 @@ from translate import greedy_decode
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import report as study_report  # noqa: E402  (conftest's report() prints a difference)
+import gather  # noqa: E402
 import speed  # noqa: E402
 import study  # noqa: E402
 
@@ -204,9 +205,10 @@ def test_speed_of_a_run_folder_is_the_median_of_its_passes(tmp_path):
 def test_plan_covers_every_table_and_figure_row(tmp_path):
     lm = study.lm_runs(str(tmp_path), study.LM_SIZES["full"])
     rows = {(r.row["model"], r.row["init"], r.row["k"], r.row["seed"]) for r in lm}
-    for model, k in (("t2r", 32), ("elu", 64), ("rfa", 32), ("t2r75", 32)):
+    conversions = [(model, 32) for model in study.CONVERSIONS]
+    for model, k in [("t2r", 32), ("elu", 64), ("rfa", 64), *conversions]:  # RFA: 32 projections, 64 features
         assert {(model, "pretrained", k, 0), (model, "pretrained", k, 1)} <= rows
-    for model, k in (("t2r", 32), ("elu", 64), ("rfa", 32)):
+    for model, k in (("t2r", 32), ("elu", 64), ("rfa", 64), ("sru++", None)):
         assert (model, "random", k, 0) in rows
     for k in study.FEATURE_SIZES:
         assert {("t2r", "pretrained", k, 0), ("t2r", "random", k, 0), ("t2r-frozen", "pretrained", k, 0)} <= rows
@@ -221,17 +223,34 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
             assert flags["max_steps"] == size["finetune_steps"] and flags["init"] == "pretrained"
             assert flags["lr"] == study.LM_LR["finetune"]
             assert flags["pretrained"] == os.path.join(lm[0].out_dir, "ckpt.pt")
-        assert flags.get("keep_softmax_every") == (4 if r.row["model"] == "t2r75" else None)
+        assert flags.get("keep_softmax_every") == (4 if r.row["model"] in ("t2r75", "t2r75top") else None)
+        assert flags.get("keep_softmax_from") == ("top" if r.row["model"] == "t2r75top" else None)
+        assert ("transfer_steps" in flags) == ("transfer" in r.row["model"])
+        assert ("window" in flags) == ("window" in r.row["model"])
         assert flags.get("freeze_feature_map") == (True if r.row["model"] == "t2r-frozen" else None)
-        assert flags["attn"] == {"t2r75": "t2r", "t2r-frozen": "t2r"}.get(r.row["model"], r.row["model"])
+        if r.row["model"] == "sru++":  # no transformer flag: train_lm.py refuses them for SRU++
+            assert flags["arch"] == "sru++" and not {"attn", "n_head", "d_ff", "feature_size"} & set(flags)
+        else:
+            assert flags["attn"] == ("t2r" if r.row["model"].startswith("t2r") else r.row["model"])
+            assert flags.get("feature_size") == r.row["k"]
         assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
-        assert flags.get("feature_size") == r.row["k"]
     assert 4 * size["finetune_steps"] == size["pretrain_steps"]
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
     mt = study.mt_runs(str(tmp_path), study.MT_SIZES["full"])
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
-        ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("t2r", "random")]
-    assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") for r in mt[1:3])
+        ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("t2r", "random"),
+        ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
+    assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") for r in mt if r.row["init"] ==
+               "pretrained")
+
+
+def test_every_planned_lm_command_parses(tmp_path):
+    """Each run's flags are accepted by train_lm.py as the study writes them (SRU++ refuses transformer flags)."""
+    import train_lm
+    for r in study.lm_runs(str(tmp_path), study.LM_SIZES["full"]):
+        argv = study.command(r)[2:]
+        args = train_lm.get_args(argv)
+        assert args.max_steps == r.flags["max_steps"] and args.out_dir == r.out_dir
 
 
 def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
@@ -248,8 +267,9 @@ def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
-    assert "27 runs, 0 already done" in result.stdout and "4 runs, 0 already done" in result.stdout
-    assert "[27/27] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
+    assert "36 runs, 0 already done" in result.stdout and "7 runs, 0 already done" in result.stdout
+    assert "[36/36] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
+    assert "recall probe: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
 
@@ -273,23 +293,28 @@ def fake_json(path, values):
 
 def fake_runs(out: str, lm_plan: list, mt_plan: list):
     """Made-up results.json, speed.json and the analysis' raw table, built so that every claim holds."""
-    ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 102.0, "elu": 130.0, "rfa": 125.0, "t2r-frozen": 115.0}
-    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0}  # what random init costs each kind
+    ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 102.0, "t2r75top": 103.0, "elu": 130.0, "rfa": 125.0,
+           "t2r-frozen": 115.0, "t2r-transfer": 108.0, "t2r-window": 106.0, "t2r-transfer-window": 105.0, "sru++": 112.0}
+    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0, "sru++": 0.0}  # what random init costs
+    curve = [[1, 100, 5.0], [2, 200, 4.8], [3, 300, 4.7], [4, 400, 4.699]]  # converged: 0.1% in the last fifth
     for r in lm_plan:
         k, seed, random_init = r.row["k"] or 64, r.row["seed"], r.row["init"] == "random"
         value = ppl[r.row["model"]] + 40 / k + seed
         if random_init:
             value += from_scratch[r.row["model"]] + (80 / k if r.row["model"] == "t2r" else 0)
         fake_json(os.path.join(r.out_dir, "results.json"), {"valid": {"ppl": value}, "test": {"ppl": value - 5},
-                                                            "train_minutes": 9.0 if random_init else 2.0})
+                                                            "train_minutes": 9.0 if random_init else 2.0,
+                                                            "curve": curve})
     bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0,
-            ("t2r", "random"): 17.0}
-    speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0}
+            ("t2r", "random"): 17.0, ("t2r-transfer", "pretrained"): 19.6, ("t2r-window", "pretrained"): 19.7,
+            ("t2r-transfer-window", "pretrained"): 19.8}
+    speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0, "t2r-transfer": 900.0, "t2r-window": 850.0,
+              "t2r-transfer-window": 850.0}
     for r in mt_plan:
         b = bleu[(r.row["model"], r.row["init"])]
         fake_json(os.path.join(r.out_dir, "results.json"), {
             "valid": {"bleu": b + 1}, "test": {"bleu": b, "tok_bleu": b + 0.5}, "train_minutes": 3.0,
-            "k_cross": None if r.row["model"] == "softmax" else 32, "k_causal": 4})
+            "k_cross": None if r.row["model"] == "softmax" else 32, "k_causal": 4, "curve": curve})
         fake_json(os.path.join(r.out_dir, "speed.json"), {"tokens_per_s": speed_[r.row["model"]]})
     lines = ["model,stage,attn,k,distance,entropy,empty_rows,windows", "teacher.pt,teacher,softmax,,,2.0,0.0,4"]
     lines += [f"teacher -> t2r k={k},before finetuning,t2r,{k},{1.0 / k + 0.5},5.0,0.0,4" for k in study.FEATURE_SIZES]
@@ -300,6 +325,11 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
     os.makedirs(os.path.join(out, "attention"))
     with open(os.path.join(out, "attention", "raw.csv"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    recall = ["model,distance,span,samples,repeat_accuracy,first_accuracy"]
+    recall += [f"{m},{d},16,64,{a - d / 1000},0.2" for m, a in (("softmax", 0.9), ("t2r+pretrain", 0.5)) for d in (8, 64)]
+    os.makedirs(os.path.join(out, "recall"))
+    with open(os.path.join(out, "recall", "recall.csv"), "w") as f:
+        f.write("\n".join(recall) + "\n")
 
 
 def read_rows(path):
@@ -315,20 +345,24 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     out, results = str(tmp_path / "study"), str(tmp_path / "results")
     lm_plan, mt_plan = study.lm_runs(out, study.LM_SIZES["quick"]), study.mt_runs(out, study.MT_SIZES["quick"])
     fake_runs(out, lm_plan, mt_plan)
-    study.gather(out, results, lm_plan, mt_plan, quick=True)
+    gather.gather(out, results, lm_plan, mt_plan, quick=True)
     study_report.write_report(results)
     lm = read_rows(os.path.join(results, "lm_ptb.csv"))
-    assert list(lm[0]) == study.LM_COLUMNS and {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "t2r75"}
-    assert {r["k"] for r in lm if r["model"] in ("t2r", "rfa", "t2r75")} == {"32"}, "Table 1 is at k = 32"
+    assert list(lm[0]) == gather.LM_COLUMNS
+    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", *study.CONVERSIONS}
+    assert {r["k"] for r in lm if r["model"].startswith("t2r")} == {"32"}, "Table 1 is at k = 32"
     mt = read_rows(os.path.join(results, "mt.csv"))
-    assert list(mt[0]) == study.MT_COLUMNS and len(mt) == 4
+    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 7
+    curves = read_rows(os.path.join(results, "curves.csv"))
+    assert {(r["task"], r["model"]) for r in curves if r["step"] == "4"} >= {("lm", "t2r"), ("mt", "softmax")}
     att = read_rows(os.path.join(results, "attention.csv"))
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
     with open(os.path.join(results, "machine.json")) as f:
         machine = json.load(f)
-    assert machine["runs_finished"] == machine["runs_planned"] == 31 and machine["attention_analysis"]
+    assert machine["runs_finished"] == machine["runs_planned"] == 43 and machine["attention_analysis"]
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
-    assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png"))
+    assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
+                                                                         "learning_curves.png", "recall.png"))
     with open(os.path.join(results, "README.md")) as f:
         text = f.read()
     print(text)
@@ -338,9 +372,12 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert "75% of the gap closed" in text
     assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
     claims_ = claim_lines(text)
-    assert len(claims_) == 18 and all(line.endswith("| yes |") for line in claims_), claims_  # 7 LM, 7 Figs. 4-6, 4 MT
+    assert len(claims_) == 19 and all(line.endswith("| yes |") for line in claims_), claims_  # 8 LM, 7 Figs. 4-6, 4 MT
+    assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
+        "converged" in text
+    assert "| softmax | 0.89 (0.20) | 0.84 (0.20) |" in text  # the recall table: D = 8 and 64
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
-    assert "**18 of 18 held**" in text
+    assert "**19 of 19 held**" in text
 
 
 MADE_UP_CSVS = {

@@ -6,6 +6,7 @@ them). A claim is (what the paper says, the paper's numbers, ours, the verdict),
 The rows here are results/*.csv rows as report.read_results() returns them: dicts with None for an empty cell.
 """
 
+import math
 from dataclasses import dataclass
 
 
@@ -26,7 +27,10 @@ PAPER_MT = {("softmax", "random"): 28.9, ("t2r", "pretrained"): 28.7, ("t2r", "r
             ("elu", "pretrained"): 28.4}
 PAPER_SPEED = "15%+ over ELU; over softmax from short lengths on"
 
-NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "RFA", "t2r": "T2R", "t2r75": "T2R 75%"}
+NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "RFA", "t2r": "T2R", "t2r75": "T2R 75%",
+         "t2r75top": "T2R 75%, top layer kept", "t2r-transfer": "T2R + transfer", "t2r-window": "T2R + window",
+         "t2r-transfer-window": "T2R + transfer + window", "sru++": "SRU++"}
+HYBRIDS = {"t2r75": "the 4th layer from the top kept", "t2r75top": "the top layer kept"}  # the two readings
 COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
 
 
@@ -34,6 +38,8 @@ def model_name(model: str, init: str) -> str:
     """A table row's name: "T2R + pretrain", "ELU + random init", the teacher, the softmax control."""
     if (model, init) == ("softmax", "pretrained"):
         return "Transformer trained on for the finetuning steps (control)"
+    if model == "sru++":
+        return "SRU++ (from scratch, not in the paper)"
     return NAMES[model] + ("" if model == "softmax" else (" + pretrain" if init == "pretrained" else " + random init"))
 
 
@@ -149,7 +155,7 @@ def conversion_time_claim(lm: list, test) -> list:
 def softmax_gap_claims(test, paper) -> list:
     """The gap to softmax, and the 75% hybrid closing it. The softmax model to compare with: the teacher
     trained on for the same steps (the control), else the teacher."""
-    control, t2r, hybrid = test("softmax", "pretrained"), test("t2r", "pretrained"), test("t2r75", "pretrained")
+    control, t2r = test("softmax", "pretrained"), test("t2r", "pretrained")
     soft, soft_name = (control, "the softmax control") if control is not None else \
         (test("softmax", "random"), "the teacher")
     claims = []
@@ -157,16 +163,19 @@ def softmax_gap_claims(test, paper) -> list:
         claims.append((f"a gap remains between T2R + pretrain and the softmax model ({soft_name}, test ppl)",
                        f"{paper('t2r')} vs {paper('softmax', 'random')}", f"{t2r:.2f} vs {soft:.2f}",
                        verdict(t2r > soft)))
-    if None not in (soft, hybrid, t2r):
+    for model, reading in HYBRIDS.items():
+        hybrid = test(model, "pretrained")
+        if None in (soft, hybrid, t2r):
+            continue
         if t2r <= soft:
             ours, held = f"T2R {t2r:.2f} is not behind {soft_name}'s {soft:.2f}: no gap to close", "n/a"
         else:
             closed = (t2r - hybrid) / (t2r - soft)
             ours = f"{t2r:.2f} -> {hybrid:.2f}, {soft_name} {soft:.2f}: {100 * closed:.0f}% of the gap closed"
             held = verdict(closed > 0.5)
-        claims.append((f"the 75% hybrid closes most of the gap to the softmax model ({soft_name}, test ppl)",
-                       f"{paper('t2r')} -> {paper('t2r75')}, softmax {paper('softmax', 'random')} (all of it)", ours,
-                       held))
+        claims.append((f"the 75% hybrid ({reading}) closes most of the gap to the softmax model ({soft_name}, "
+                       f"test ppl)", f"{paper('t2r')} -> {paper('t2r75')}, softmax {paper('softmax', 'random')} "
+                       f"(all of it)", ours, held))
     return claims
 
 
@@ -323,6 +332,36 @@ def length_claims(bench: list) -> list:
             (f"Fig. 2: T2R decodes at least {100 * (ELU_MARGIN - 1):.0f}% faster than ELU at every length (greedy, "
              f"batch {batch}, bench.py)", "15%+ over ELU", over("elu"),
              verdict(min(ratio["elu"].values()) >= ELU_MARGIN))]
+
+
+# -----------------------------------------------------------------------------
+# Were the teachers trained to convergence? (The paper's were; a teacher still improving has less to hand over.)
+
+CONVERGED = 0.01  # converged: the last fifth of the run lowered the best validation perplexity by less than 1%
+
+
+def plateau_gain(curve: list):
+    """How much the last fifth of a run (by step) lowered its best validation perplexity, relative; None when
+    the curve is too short to tell. curve: curves.csv rows of one run (step, valid_loss)."""
+    last = max(r["step"] for r in curve)
+    before = [r["valid_loss"] for r in curve if r["step"] <= 0.8 * last]
+    if not before:
+        return None
+    best_before, best = min(before), min(r["valid_loss"] for r in curve)
+    return 1 - math.exp(best - best_before)  # losses are log-perplexities
+
+
+def convergence_checks(curves: list) -> list:
+    """(which teacher, the measured gain over its last fifth, converged or not) for the LM and MT teachers."""
+    checks = []
+    for task, name in (("lm", "the language-model teacher"), ("mt", "the translation teacher")):
+        curve = group(curves, task=task, model="softmax", init="random")
+        gain = plateau_gain(curve) if curve else None
+        if gain is not None:
+            checks.append((name, f"{100 * gain:.1f}% lower validation perplexity over the last fifth of its "
+                                 f"{max(r['step'] for r in curve)} steps", "converged" if gain < CONVERGED else
+                           "**not converged**"))
+    return checks
 
 
 def all_claims(results: dict) -> list:

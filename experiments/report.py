@@ -23,13 +23,18 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
-from claims import PAPER_LM, PAPER_MT, all_claims, group, half_range, model_name  # noqa: E402
+from claims import PAPER_LM, PAPER_MT, all_claims, convergence_checks, group, half_range, model_name  # noqa: E402
+from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
 from runtime import UserError, atomic_write, run_main  # noqa: E402
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
 LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pretrained"), ("rfa", "pretrained"),
-            ("t2r", "pretrained"), ("t2r75", "pretrained"), ("softmax", "random"), ("softmax", "pretrained")]
-MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained")]
+            ("t2r", "pretrained"), ("t2r75", "pretrained"), ("t2r75top", "pretrained"), ("softmax", "random"),
+            ("softmax", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
+            ("t2r-transfer-window", "pretrained"), ("sru++", "random")]
+MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
+            ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
+OPTIONAL_CSVS = ("curves", "recall")  # written by the second edition of the study; older results lack them
 
 
 # -----------------------------------------------------------------------------
@@ -55,11 +60,13 @@ def read_csv(path: str) -> list:
 
 
 def read_results(results_dir: str) -> dict:
-    """{lm, fs, att, mt, bench: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
+    """{lm, fs, att, mt, bench, curves, recall: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
     pretrained_mlp_frozen."""
     lm, fs, att, mt = (read_csv(os.path.join(results_dir, f"{name}.csv")) for name in CSVS)
     for r in fs:
         r["variant"] = "pretrained_mlp_frozen" if r["model"] == "t2r_mlp_frozen" else r["init"]
+    optional = {name: read_csv(os.path.join(results_dir, f"{name}.csv"))
+                if os.path.isfile(os.path.join(results_dir, f"{name}.csv")) else [] for name in OPTIONAL_CSVS}
     bench_csv = os.path.join(results_dir, "bench", "bench.csv")  # bench.py's tables, for Fig. 2's length trend
     bench = read_csv(bench_csv) if os.path.isfile(bench_csv) else []
     path = os.path.join(results_dir, "machine.json")
@@ -67,7 +74,7 @@ def read_results(results_dir: str) -> dict:
     if os.path.isfile(path):
         with open(path) as f:
             machine = json.load(f)
-    return dict(lm=lm, fs=fs, att=att, mt=mt, bench=bench, machine=machine)
+    return dict(lm=lm, fs=fs, att=att, mt=mt, bench=bench, machine=machine, **optional)
 
 
 def feature_sizes_of(results: dict) -> list:
@@ -172,8 +179,39 @@ def mt_table(mt: list) -> list:
                 speed += f" ({r['speed_low']:.0f}-{r['speed_high']:.0f})"
             lines.append(f"| {model_name(model, init)} | {r['k_cross'] or '-'} | {r['k_causal'] or '-'} | "
                          f"{r['bleu']:.2f} | {number(r.get('valid_bleu'), 2)} | {number(r.get('tok_bleu'), 2)} | "
-                         f"{speed} | {number(r.get('train_minutes'), 1)} | {PAPER_MT[(model, init)]} |")
+                         f"{speed} | {number(r.get('train_minutes'), 1)} | "
+                         f"{PAPER_MT.get((model, init), 'not in the paper')} |")
     return lines
+
+
+def curves_section(results: dict, figure) -> list:
+    """The learning curves, and whether each teacher met the convergence rule (claims.CONVERGED)."""
+    if not results["curves"]:
+        return []
+    checks = convergence_checks(results["curves"])
+    return ["## Learning curves and convergence", "",
+            "Validation perplexity against training tokens; a converted run starts where its teacher ended. A teacher "
+            "counts as converged when the last fifth of its run lowered its best validation perplexity by less than "
+            "1%.", "", *[f"- {name}: {measured}: {verdict}" for name, measured, verdict in checks], "",
+            *figure("learning_curves.png", "Learning curves", "curves.csv")]
+
+
+def recall_section(results: dict, figure) -> list:
+    """Top-1 accuracy on the repeat of a span, by distance, for each model; the first reading in brackets."""
+    recall = results["recall"]
+    if not recall:
+        return []
+    distances = sorted({r["distance"] for r in recall})
+    lines = ["## What the state forgets", "",
+             f"A span of {recall[0]['span']} validation tokens, then D tokens of the text that followed it, then the "
+             f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
+             "and in brackets over the first reading, where there is nothing to recall.", "",
+             "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
+    for model in dict.fromkeys(r["model"] for r in recall):
+        cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
+                 for r in group(recall, model=model)}
+        lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
+    return lines + ["", *figure("recall.png", "What the state forgets", "recall.csv")]
 
 
 def claims_table(claims: list) -> list:
@@ -184,64 +222,6 @@ def claims_table(claims: list) -> list:
 
 def held_count(claims: list) -> str:
     return f"{sum(held == 'yes' for *_, held in claims)} of {len(claims)}"
-
-
-# -----------------------------------------------------------------------------
-# Plots: the numbers of the tables, each with the command, machine and date at its foot
-
-def new_figure(ncols: int, width: float):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, ncols, figsize=(width, 3.9))
-    return plt, fig, ([axes] if ncols == 1 else list(axes))
-
-
-def finish_figure(plt, fig, axes, ks: list, machine: dict, path: str):
-    for ax in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ks, [str(k) for k in ks])
-        ax.set_xlabel("feature size k")
-    fig.text(0.01, 0.01, provenance(machine).replace("`", ""), fontsize=6, color="gray")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    with atomic_write(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-
-
-def plot_feature_size(results: dict, path: str):
-    plt, fig, (ax,) = new_figure(1, 5)
-    for variant, label, marker in (("pretrained", "T2R + pretrain", "o"), ("random", "T2R + random init", "s"),
-                                   ("pretrained_mlp_frozen", "T2R + pretrain, MLP frozen", "^")):
-        rows = sorted(group(results["fs"], variant=variant), key=lambda r: r["k"])
-        if rows:
-            ax.plot([r["k"] for r in rows], [r["valid_ppl"] for r in rows], marker=marker, label=label)
-    ax.set_ylabel("PTB validation perplexity")
-    ax.set_title("Fig. 4 at CPU scale")
-    ax.legend()
-    finish_figure(plt, fig, [ax], feature_sizes_of(results), results["machine"], path)
-
-
-def plot_attention(results: dict, path: str):
-    plt, fig, (left, right) = new_figure(2, 9)
-    att = results["att"]
-    stages = (("before_finetuning", "T2R before finetuning", "x"), ("finetuned", "T2R (finetuned)", "o"),
-              ("mlp_frozen", "T2R MLP frozen", "^"), ("random_init", "T2R + random init", "s"))
-    for stage, label, marker in stages:
-        rows = sorted(group(att, stage=stage), key=lambda r: r["k"])
-        if rows and rows[0]["distance"] is not None:
-            left.plot([r["k"] for r in rows], [r["distance"] for r in rows], marker=marker, label=label)
-        if rows:
-            right.plot([r["k"] for r in rows], [r["entropy"] for r in rows], marker=marker, label=label)
-    teacher = group(att, stage="teacher")
-    if teacher:
-        right.axhline(teacher[0]["entropy"], color="gray", linestyle="--", label="softmax teacher")
-    for ax, ylabel, title in ((left, "mean Euclidean distance to the teacher", "Fig. 5"),
-                              (right, "mean attention entropy (nats)", "Fig. 6")):
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title} at CPU scale")
-        ax.legend(fontsize=7)
-    finish_figure(plt, fig, [left, right], feature_sizes_of(results), results["machine"], path)
 
 
 # -----------------------------------------------------------------------------
@@ -260,6 +240,10 @@ FILES = [  # (file, one row per, its columns), the last table of the page
     ("mt.csv", "Table 2 run", "`model`, `init`, `k_cross`, `k_causal`, `bleu` (test, sacreBLEU), `valid_bleu`, "
      "`tok_bleu` (test, tokenized), `tokens_per_s` (greedy, batch 16, test sentences: the median of `speed_passes` "
      "passes, from `speed_low` to `speed_high`), `tokens_per_sentence` (generated, on average), `train_minutes`"),
+    ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
+     "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
+    ("recall.csv", "model and distance", "`model`, `distance` (tokens between a span and its repeat), `span`, "
+     "`samples`, `repeat_accuracy`, `first_accuracy` (top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished")]
@@ -276,7 +260,9 @@ def results_page(results: dict, claims: list) -> list:
             f"{provenance(machine)}. `python experiments/report.py` rewrites this page from the files beside it.", "",
             *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
-            "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only.", "",
+            "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only (and the "
+            "transfer stage). RFA's k counts features: a sin and a cos for each random projection.", "",
+            *curves_section(results, figure), *recall_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
             *figure("feature_size.png", "Fig. 4 at CPU scale", "feature_size.csv"),
@@ -322,10 +308,14 @@ def write_text(path: str, lines: list):
 def write_report(results_dir: str):
     results = read_results(results_dir)
     claims = all_claims(results)
-    if results["fs"]:
-        plot_feature_size(results, os.path.join(results_dir, "feature_size.png"))
-    if results["att"]:
-        plot_attention(results, os.path.join(results_dir, "attention.png"))
+    footer = provenance(results["machine"]).replace("`", "")
+    figures = [(results["fs"], plot_feature_size, "feature_size.png", (feature_sizes_of(results),)),
+               (results["att"], plot_attention, "attention.png", (feature_sizes_of(results),)),
+               (results["curves"], plot_learning_curves, "learning_curves.png", ()),
+               (results["recall"], plot_recall, "recall.png", ())]
+    for rows, plot, name, extra in figures:
+        if rows:
+            plot(rows, *extra, footer, os.path.join(results_dir, name))
     link = os.path.relpath(os.path.join(results_dir, "README.md"), ROOT)
     write_text(os.path.join(results_dir, "README.md"), results_page(results, claims))
     write_text(os.path.join(results_dir, "summary.md"), summary_page(results, claims, link))

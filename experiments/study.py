@@ -17,7 +17,6 @@ The sizes are chosen so that the whole study fits in about 3 hours on a 2-core C
 """
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -28,7 +27,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from t2r import Config, feature_sizes  # noqa: E402
-from runtime import UserError, run_main, write_csv, write_json  # noqa: E402
+from runtime import UserError, run_main, write_json  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64
@@ -38,15 +37,24 @@ from runtime import UserError, run_main, write_csv, write_json  # noqa: E402
 
 LM_SIZES = dict(full=dict(model=dict(n_layer=4, n_head=2, d_model=128, d_ff=512),
                           train=dict(batch_size=8, block_size=512, dropout=0.1),
-                          pretrain_steps=500, finetune_steps=125, eval_interval=125),
+                          pretrain_steps=500, finetune_steps=125, eval_interval=125, transfer_steps=40, window=64),
                 quick=dict(model=dict(n_layer=4, n_head=2, d_model=32, d_ff=64),
                            train=dict(batch_size=2, block_size=64, dropout=0.1, eval_context=64, eval_score=32,
                                       eval_windows=2),
-                           pretrain_steps=4, finetune_steps=2, eval_interval=2))
+                           pretrain_steps=4, finetune_steps=2, eval_interval=2, transfer_steps=2, window=8))
 LM_LR = dict(pretrain=2e-3, finetune=1e-3)
 FEATURE_SIZES = (4, 8, 16, 32, 64)
-MAIN_K = 32  # T2R's and RFA's k in Table 1
+MAIN_K = 32  # T2R's k in Table 1
+RFA_K = 2 * MAIN_K  # RFA's k = 32 random projections, each giving a sin and a cos feature, as in the authors' code
 SEEDS = (0, 1)  # the + pretrain rows run with each; the others with the first
+# The + pretrain rows beyond T2R, ELU and RFA: model name -> the flags that make it (the sizes from LM_SIZES)
+CONVERSIONS = {
+    "t2r75": lambda size: {"keep_softmax_every": 4},  # the 4th, 8th, ... layer from the top kept softmax
+    "t2r75top": lambda size: {"keep_softmax_every": 4, "keep_softmax_from": "top"},  # the top one, the 5th, ...
+    "t2r-transfer": lambda size: {"transfer_steps": size["transfer_steps"]},  # attention transfer, then finetuning
+    "t2r-window": lambda size: {"window": size["window"]},  # softmax over the last W tokens + linear beyond
+    "t2r-transfer-window": lambda size: {"transfer_steps": size["transfer_steps"], "window": size["window"]},
+}
 
 
 @dataclass
@@ -81,12 +89,14 @@ def lm_runs(out: str, size: dict) -> list:
     # Table 1: the + pretrain rows (two seeds each), then the random-initialisation rows at the teacher's budget
     for seed in SEEDS:
         runs += [run("pretrained", "t2r", MAIN_K, seed), run("pretrained", "elu", elu_k, seed),
-                 run("pretrained", "rfa", MAIN_K, seed),
-                 run("pretrained", "t2r", MAIN_K, seed, model="t2r75", extra={"keep_softmax_every": 4})]
-    # a control the paper does not need (its teacher had converged; ours has not): the teacher trained on,
-    # unchanged, for the finetuning budget. Converted models are compared with it as well as with the teacher.
+                 run("pretrained", "rfa", RFA_K, seed)]
+        runs += [run("pretrained", "t2r", MAIN_K, seed, model=name, extra=flags(size))
+                 for name, flags in CONVERSIONS.items()]
+    # a control: the teacher trained on, unchanged, for the finetuning budget (does the converted model gain
+    # from finetuning or from the extra steps?)
     runs += [run("pretrained", "softmax", None, seed) for seed in SEEDS]
-    runs += [run("random", "t2r", MAIN_K, 0), run("random", "elu", elu_k, 0), run("random", "rfa", MAIN_K, 0)]
+    runs += [run("random", "t2r", MAIN_K, 0), run("random", "elu", elu_k, 0), run("random", "rfa", RFA_K, 0),
+             sru_run(out, pretrain, size)]
     # Fig. 4 (and Figs. 5-6): T2R at every feature size, pretrained, with the MLP frozen, and from scratch
     runs += [run("pretrained", "t2r", k, 0) for k in FEATURE_SIZES if k != MAIN_K]
     runs += [run("pretrained", "t2r", k, 0, model="t2r-frozen", extra={"freeze_feature_map": True})
@@ -95,16 +105,26 @@ def lm_runs(out: str, size: dict) -> list:
     return runs
 
 
+def sru_run(out: str, pretrain: dict, size: dict) -> Run:
+    """SRU++ (Lei, 2021) from scratch at the teacher's depth, width and budget: the RNN one could train instead."""
+    transformer_only = ("n_head", "d_ff")  # SRU++ has no heads or feed-forward layers (its width is d_model)
+    flags = {k: v for k, v in pretrain.items() if k not in transformer_only}
+    name = "sru++-random-s0"
+    return Run(name, "train_lm.py", {**flags, "arch": "sru++", "seed": 0, "out_dir": os.path.join(out, "lm", name)},
+               dict(model="sru++", init="random", k=None, seed=0))
+
+
 # -----------------------------------------------------------------------------
 # Translation, Table 2: a 3+3-layer, 128-wide translator with 4 heads (ELU's k = 32 in both attentions),
 # on the offline LibreOffice corpus. Finetuning: 3/8 of the steps at 0.4x the learning rate (train_mt.py's
 # defaults keep the same ratios; the paper's are in its section 3.2.2).
 
 MT_SIZES = dict(full=dict(model=dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=128, d_ff=512),
-                          train=dict(max_tokens=2048), pretrain_steps=1600, finetune_steps=600, eval_interval=200),
+                          train=dict(max_tokens=2048), pretrain_steps=1600, finetune_steps=600, eval_interval=200,
+                          transfer_steps=200, window=8),
                 quick=dict(model=dict(n_layer=2, n_encoder_layer=2, n_head=4, d_model=32, d_ff=64),
                            train=dict(max_tokens=512, bleu_sentences=40, snapshot_interval=2, average_last=2),
-                           pretrain_steps=4, finetune_steps=4, eval_interval=2))
+                           pretrain_steps=4, finetune_steps=4, eval_interval=2, transfer_steps=2, window=4))
 # 800 steps at 1e-3 left the teacher at 2.8 test BLEU (validation loss 4.93, still falling fast): too little to
 # compare models with, hence twice the steps at twice the rate.
 MT_LR = dict(pretrain=2e-3, finetune=8e-4)
@@ -124,6 +144,10 @@ def mt_runs(out: str, size: dict) -> list:
         name = f"{attn}-{init}-s0"
         flags = {**(pretrain if init == "random" else finetune), "attn": attn, "out_dir": os.path.join(out, "mt", name)}
         runs.append(Run(name, "train_mt.py", flags, dict(model=attn, init=init)))
+    for model in ("t2r-transfer", "t2r-window", "t2r-transfer-window"):  # the conversions since T2R
+        name = f"{model}-pretrained-s0"
+        flags = {**finetune, "attn": "t2r", **CONVERSIONS[model](size), "out_dir": os.path.join(out, "mt", name)}
+        runs.append(Run(name, "train_mt.py", flags, dict(model=model, init="pretrained")))
     return runs
 
 
@@ -209,28 +233,48 @@ def attention_checkpoints(runs: list) -> list:
             if (r.row["model"], r.row["init"]) in stages and r.row["seed"] == 0]
 
 
+def run_analysis(what: str, path: str, needed: list, checkpoints: list, argv: list, dry_run: bool):
+    """Run an analysis script writing `path` from finished runs' checkpoints, logging beside it; done already when
+    `path` is newer than every checkpoint it reads (a rerun or resumed run makes it stale)."""
+    stale = os.path.isfile(path) and any(os.path.getmtime(c) > os.path.getmtime(path) for c in checkpoints
+                                         if os.path.isfile(c))
+    print(f"{what}: {'todo' if stale or not os.path.isfile(path) else 'done'}", flush=True)
+    if dry_run or (os.path.isfile(path) and not stale):
+        return
+    unfinished = [r.name for r in needed if run_state(r.out_dir) != "done"]
+    if unfinished:
+        raise UserError(f"the {what} needs finished runs; not finished: {', '.join(unfinished)}: run --stage lm first")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    log_path = os.path.join(os.path.dirname(path), "analysis.log")
+    with open(log_path, "w") as log:
+        result = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise UserError(f"the {what} failed; see {log_path}")
+
+
 def run_attention(out: str, runs: list, quick: bool, dry_run: bool):
     raw = os.path.join(out, "attention", "raw.csv")
     needed = [runs[0]] + [r for _, _, r in attention_checkpoints(runs)]  # the teacher, then the T2R models
     checkpoints = [os.path.join(r.out_dir, "ckpt.pt") for r in needed]
-    # redone when a model it read has changed since (a rerun, a resumed run)
-    stale = os.path.isfile(raw) and any(os.path.getmtime(c) > os.path.getmtime(raw) for c in checkpoints
-                                        if os.path.isfile(c))
-    print(f"attention analysis: {'todo' if stale or not os.path.isfile(raw) else 'done'}", flush=True)
-    if dry_run or (os.path.isfile(raw) and not stale):
-        return
-    unfinished = [r.name for r in needed if run_state(r.out_dir) != "done"]
-    if unfinished:
-        raise UserError(f"the attention analysis needs finished runs; not finished: {', '.join(unfinished)}: "
-                        f"run --stage lm first")
     windows = ["--windows", "4", "--context", "64"] if quick else ["--windows", "100", "--context", "512"]
-    cmd = [sys.executable, os.path.join(ROOT, "analyze_attention.py"), *checkpoints[1:], "--teacher", checkpoints[0],
-           "--before", *map(str, FEATURE_SIZES), "--seed", "0", *windows, "--csv", raw]
-    os.makedirs(os.path.dirname(raw), exist_ok=True)
-    with open(os.path.join(out, "attention", "analysis.log"), "w") as log:
-        result = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise UserError(f"the attention analysis failed; see {out}/attention/analysis.log")
+    argv = [os.path.join(ROOT, "analyze_attention.py"), *checkpoints[1:], "--teacher", checkpoints[0],
+            "--before", *map(str, FEATURE_SIZES), "--seed", "0", *windows, "--csv", raw]
+    run_analysis("attention analysis", raw, needed, checkpoints, argv, dry_run)
+
+
+RECALL_ROWS = (("softmax", "random"), ("t2r", "pretrained"), ("t2r-window", "pretrained"), ("sru++", "random"))
+
+
+def run_recall(out: str, runs: list, quick: bool, dry_run: bool):
+    """What the state forgets (experiments/recall.py): the teacher, T2R + pretrain, T2R + window and SRU++."""
+    path = os.path.join(out, "recall", "recall.csv")
+    needed = [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
+              and r.row["k"] in (None, MAIN_K)]
+    checkpoints = [os.path.join(r.out_dir, "model.pt") for r in needed]
+    sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
+    argv = [os.path.join(ROOT, "experiments", "recall.py"), *[a for c in checkpoints for a in ("--ckpt", c)],
+            *sizes, "--out", path]
+    run_analysis("recall probe", path, needed, checkpoints, argv, dry_run)
 
 
 def measure_speed(runs: list, dry_run: bool):
@@ -250,121 +294,10 @@ def measure_speed(runs: list, dry_run: bool):
 
 
 # -----------------------------------------------------------------------------
-# Gathering: each finished run's results into the CSVs (floats to 4 decimals) and machine.json
-
-LM_COLUMNS = ["model", "init", "k", "seed", "valid_ppl", "test_ppl", "train_minutes"]
-ATTENTION_COLUMNS = ["stage", "k", "distance", "entropy", "empty_rows", "valid_ppl", "windows"]
-MT_COLUMNS = ["model", "init", "k_cross", "k_causal", "bleu", "valid_bleu", "tok_bleu", "tokens_per_s", "speed_low",
-              "speed_high", "speed_passes", "tokens_per_sentence", "train_minutes"]
-
-
-def finished(runs: list) -> list:
-    return [r for r in runs if run_state(r.out_dir) == "done"]
-
-
-def lm_rows(runs: list) -> list:
-    rows = []
-    for run in finished(runs):
-        r = read_json(os.path.join(run.out_dir, "results.json"))
-        rows.append({**run.row, "valid_ppl": r["valid"]["ppl"], "test_ppl": r["test"]["ppl"],
-                     "train_minutes": r["train_minutes"]})
-    return rows
-
-
-def table1_rows(lm: list) -> list:
-    """Table 1: every model at the paper's k (ELU's is the head size), the softmax teacher and control."""
-    return [r for r in lm if r["model"] in ("softmax", "elu", "rfa", "t2r", "t2r75")
-            and (r["k"] in (None, MAIN_K) or r["model"] == "elu")]
-
-
-def feature_size_rows(lm: list) -> list:
-    """Fig. 4: the T2R models of every k (seed 0), the frozen-MLP ones named t2r_mlp_frozen."""
-    order = {("t2r", "pretrained"): 0, ("t2r-frozen", "pretrained"): 1, ("t2r", "random"): 2}
-    rows = [{**r, "model": r["model"].replace("-frozen", "_mlp_frozen")} for r in lm
-            if (r["model"], r["init"]) in order and r["seed"] == 0]
-    return sorted(rows, key=lambda r: (order[(r["model"].replace("_mlp_frozen", "-frozen"), r["init"])], r["k"]))
-
-
-def mt_rows(runs: list) -> list:
-    rows = []
-    for run in finished(runs):
-        r = read_json(os.path.join(run.out_dir, "results.json"))
-        speed_path = os.path.join(run.out_dir, "speed.json")
-        speed = read_json(speed_path) if os.path.isfile(speed_path) else {}
-        passes = speed.get("tokens_per_s_passes", [speed["tokens_per_s"]] if speed else [])
-        rows.append({**run.row, "k_cross": r.get("k_cross"), "k_causal": r.get("k_causal"), "bleu": r["test"]["bleu"],
-                     "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"],
-                     "tokens_per_s": speed.get("tokens_per_s"),
-                     "speed_low": min(passes, default=None), "speed_high": max(passes, default=None),
-                     "speed_passes": len(passes) or None,
-                     "tokens_per_sentence": speed["tokens"] / speed["sentences"] if "sentences" in speed else None,
-                     "train_minutes": r["train_minutes"]})
-    return rows
-
-
-def attention_rows(out: str, runs: list, lm: list) -> list:
-    raw = os.path.join(out, "attention", "raw.csv")
-    if not os.path.isfile(raw):
-        return []
-    by_checkpoint = {os.path.join(r.out_dir, "ckpt.pt"): (stage, k, r) for stage, k, r in attention_checkpoints(runs)}
-    ppl = {(row["model"], row["init"], row["k"], row["seed"]): row["valid_ppl"] for row in lm}
-    rows = []
-    with open(raw) as f:
-        for row in csv.DictReader(f):
-            number = lambda name: float(row[name]) if row[name] != "" else None
-            entry = dict(distance=number("distance"), entropy=number("entropy"), empty_rows=number("empty_rows"),
-                         windows=int(row["windows"]))
-            if row["stage"] == "teacher":
-                entry.update(stage="teacher", k=None, valid_ppl=ppl.get(("softmax", "random", None, 0)))
-            elif row["stage"] == "before finetuning":
-                entry.update(stage="before_finetuning", k=int(row["k"]), valid_ppl=None)
-            elif row["model"] in by_checkpoint:
-                stage, k, run = by_checkpoint[row["model"]]
-                entry.update(stage=stage, k=k, valid_ppl=ppl.get((run.row["model"], run.row["init"], k, 0)))
-            else:
-                raise UserError(f"{raw} names {row['model']}, which is not a run of this study (moved?): delete "
-                                f"{raw} and rerun --stage attention")
-            rows.append(entry)
-    order = ["teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"]
-    return sorted(rows, key=lambda r: (order.index(r["stage"]), r["k"] or 0))
-
-
-def rounded(rows: list, columns: list) -> list:
-    """The columns of each row, floats to 4 decimals, for the results CSVs."""
-    return [{c: f"{r[c]:.4f}" if isinstance(r.get(c), float) else r.get(c) for c in columns} for r in rows]
-
-
-def provenance(out: str, runs: list, quick: bool) -> dict:
-    """results/machine.json: the command, and where and when the finished runs ran (grouped)."""
-    machines = {}
-    for run in finished(runs):
-        path = os.path.join(run.out_dir, "machine.json")
-        m = read_json(path) if os.path.isfile(path) else {}
-        where = {key: m.get(key) for key in ("device", "threads", "torch", "date")}
-        key = json.dumps(where)
-        machines[key] = {**where, "runs": machines.get(key, {}).get("runs", 0) + 1}
-    return {"command": "bash experiments/reproduce.sh" + (" --quick" if quick else ""),
-            "machines": list(machines.values()), "runs_planned": len(runs), "runs_finished": len(finished(runs)),
-            "attention_analysis": os.path.isfile(os.path.join(out, "attention", "raw.csv"))}
-
-
-def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
-    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
-    lm = lm_rows(lm_plan)
-    for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
-                                ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
-                                ("attention.csv", ATTENTION_COLUMNS, attention_rows(out, lm_plan, lm)),
-                                ("mt.csv", MT_COLUMNS, mt_rows(mt_plan))]:
-        write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
-    write_json(os.path.join(results_dir, "machine.json"), provenance(out, lm_plan + mt_plan, quick))
-    print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv and machine.json")
-
-
-# -----------------------------------------------------------------------------
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Reproduce the T2R paper's findings at CPU scale.")
-    p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "mt", "results"],
+    p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "recall", "mt", "results"],
                    help="one part of the study (all: every part, in this order; results: the CSVs and the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
@@ -383,10 +316,13 @@ def main(argv=None):
         execute(lm_plan, args.dry_run)
     if args.stage in ("all", "attention"):
         run_attention(out, lm_plan, args.quick, args.dry_run)
+    if args.stage in ("all", "recall"):
+        run_recall(out, lm_plan, args.quick, args.dry_run)
     if args.stage in ("all", "mt"):
         execute(mt_plan, args.dry_run)
         measure_speed(mt_plan, args.dry_run)
     if args.stage in ("all", "results") and not args.dry_run:
+        from gather import gather
         gather(out, results_dir, lm_plan, mt_plan, args.quick)
         import report
         report.write_report(results_dir)

@@ -1,0 +1,149 @@
+"""
+The study's results files, gathered from its run folders: each finished run's results.json (and speed.json, the
+attention analysis' and the recall probe's tables) into results/*.csv, floats to 4 decimals, and where and when
+the runs ran into results/machine.json. experiments/report.py reads these files alone.
+"""
+
+import csv
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from study import MAIN_K, attention_checkpoints, read_json, run_state, shorten  # noqa: E402
+from runtime import UserError, write_csv, write_json  # noqa: E402
+
+
+# -----------------------------------------------------------------------------
+# The tables
+
+LM_COLUMNS = ["model", "init", "k", "seed", "valid_ppl", "test_ppl", "train_minutes"]
+CURVE_COLUMNS = ["task", "model", "init", "step", "tokens", "valid_loss"]
+ATTENTION_COLUMNS = ["stage", "k", "distance", "entropy", "empty_rows", "valid_ppl", "windows"]
+MT_COLUMNS = ["model", "init", "k_cross", "k_causal", "bleu", "valid_bleu", "tok_bleu", "tokens_per_s", "speed_low",
+              "speed_high", "speed_passes", "tokens_per_sentence", "train_minutes"]
+
+
+def finished(runs: list) -> list:
+    return [r for r in runs if run_state(r.out_dir) == "done"]
+
+
+def lm_rows(runs: list) -> list:
+    rows = []
+    for run in finished(runs):
+        r = read_json(os.path.join(run.out_dir, "results.json"))
+        rows.append({**run.row, "valid_ppl": r["valid"]["ppl"], "test_ppl": r["test"]["ppl"],
+                     "train_minutes": r["train_minutes"]})
+    return rows
+
+
+def table1_rows(lm: list) -> list:
+    """Table 1 and the rows beyond it: every model at its main k (T2R 32, RFA 32 projections, ELU the head size)."""
+    fig4_only = lambda r: r["model"] == "t2r-frozen" or (r["model"] == "t2r" and r["k"] != MAIN_K)
+    return [r for r in lm if not fig4_only(r)]
+
+
+def curve_rows(task: str, runs: list) -> list:
+    """The learning curves (validation perplexity against training tokens) of every seed-0 run but the Fig. 4
+    ones: each run's results.json keeps [step, tokens, validation loss] for each evaluation."""
+    rows = []
+    for run in finished(runs):
+        if run.row.get("seed", 0) != 0 or run.row["model"] == "t2r-frozen" or \
+                (run.row["model"] == "t2r" and run.row.get("k", MAIN_K) not in (MAIN_K, None)):
+            continue
+        for step, tokens, loss in read_json(os.path.join(run.out_dir, "results.json")).get("curve", []):
+            rows.append({"task": task, "model": run.row["model"], "init": run.row["init"], "step": step,
+                         "tokens": tokens, "valid_loss": loss})
+    return rows
+
+
+def feature_size_rows(lm: list) -> list:
+    """Fig. 4: the T2R models of every k (seed 0), the frozen-MLP ones named t2r_mlp_frozen."""
+    order = {("t2r", "pretrained"): 0, ("t2r-frozen", "pretrained"): 1, ("t2r", "random"): 2}
+    rows = [{**r, "model": r["model"].replace("-frozen", "_mlp_frozen")} for r in lm
+            if (r["model"], r["init"]) in order and r["seed"] == 0]
+    return sorted(rows, key=lambda r: (order[(r["model"].replace("_mlp_frozen", "-frozen"), r["init"])], r["k"]))
+
+
+def mt_rows(runs: list) -> list:
+    rows = []
+    for run in finished(runs):
+        r = read_json(os.path.join(run.out_dir, "results.json"))
+        speed_path = os.path.join(run.out_dir, "speed.json")
+        speed = read_json(speed_path) if os.path.isfile(speed_path) else {}
+        passes = speed.get("tokens_per_s_passes", [speed["tokens_per_s"]] if speed else [])
+        rows.append({**run.row, "k_cross": r.get("k_cross"), "k_causal": r.get("k_causal"), "bleu": r["test"]["bleu"],
+                     "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"],
+                     "tokens_per_s": speed.get("tokens_per_s"),
+                     "speed_low": min(passes, default=None), "speed_high": max(passes, default=None),
+                     "speed_passes": len(passes) or None,
+                     "tokens_per_sentence": speed["tokens"] / speed["sentences"] if "sentences" in speed else None,
+                     "train_minutes": r["train_minutes"]})
+    return rows
+
+
+def attention_rows(out: str, runs: list, lm: list) -> list:
+    raw = os.path.join(out, "attention", "raw.csv")
+    if not os.path.isfile(raw):
+        return []
+    by_checkpoint = {os.path.join(r.out_dir, "ckpt.pt"): (stage, k, r) for stage, k, r in attention_checkpoints(runs)}
+    ppl = {(row["model"], row["init"], row["k"], row["seed"]): row["valid_ppl"] for row in lm}
+    rows = []
+    with open(raw) as f:
+        for row in csv.DictReader(f):
+            number = lambda name: float(row[name]) if row[name] != "" else None
+            entry = dict(distance=number("distance"), entropy=number("entropy"), empty_rows=number("empty_rows"),
+                         windows=int(row["windows"]))
+            if row["stage"] == "teacher":
+                entry.update(stage="teacher", k=None, valid_ppl=ppl.get(("softmax", "random", None, 0)))
+            elif row["stage"] == "before finetuning":
+                entry.update(stage="before_finetuning", k=int(row["k"]), valid_ppl=None)
+            elif row["model"] in by_checkpoint:
+                stage, k, run = by_checkpoint[row["model"]]
+                entry.update(stage=stage, k=k, valid_ppl=ppl.get((run.row["model"], run.row["init"], k, 0)))
+            else:
+                raise UserError(f"{raw} names {row['model']}, which is not a run of this study (moved?): delete "
+                                f"{raw} and rerun --stage attention")
+            rows.append(entry)
+    order = ["teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"]
+    return sorted(rows, key=lambda r: (order.index(r["stage"]), r["k"] or 0))
+
+
+def rounded(rows: list, columns: list) -> list:
+    """The columns of each row, floats to 4 decimals, for the results CSVs."""
+    return [{c: f"{r[c]:.4f}" if isinstance(r.get(c), float) else r.get(c) for c in columns} for r in rows]
+
+
+def provenance(out: str, runs: list, quick: bool) -> dict:
+    """results/machine.json: the command, and where and when the finished runs ran (grouped)."""
+    machines = {}
+    for run in finished(runs):
+        path = os.path.join(run.out_dir, "machine.json")
+        m = read_json(path) if os.path.isfile(path) else {}
+        where = {key: m.get(key) for key in ("device", "threads", "torch", "date")}
+        key = json.dumps(where)
+        machines[key] = {**where, "runs": machines.get(key, {}).get("runs", 0) + 1}
+    return {"command": "bash experiments/reproduce.sh" + (" --quick" if quick else ""),
+            "machines": list(machines.values()), "runs_planned": len(runs), "runs_finished": len(finished(runs)),
+            "attention_analysis": os.path.isfile(os.path.join(out, "attention", "raw.csv"))}
+
+
+def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
+    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
+    lm = lm_rows(lm_plan)
+    for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
+                                ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
+                                ("attention.csv", ATTENTION_COLUMNS, attention_rows(out, lm_plan, lm)),
+                                ("mt.csv", MT_COLUMNS, mt_rows(mt_plan)),
+                                ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
+        write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
+    recall = os.path.join(out, "recall", "recall.csv")
+    if os.path.isfile(recall):  # recall.py's own table, as it wrote it
+        with open(recall, newline="") as f:
+            rows = list(csv.DictReader(f))
+        write_csv(os.path.join(results_dir, "recall.csv"), rows, list(rows[0]) if rows else [])
+    write_json(os.path.join(results_dir, "machine.json"), provenance(out, lm_plan + mt_plan, quick))
+    print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, curves.csv, "
+          f"recall.csv and machine.json")
+
+
