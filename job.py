@@ -195,8 +195,9 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple):
                         f"--init pretrained needs a softmax model")
     for name in model_flags:
         if getattr(args, name) is not None and getattr(args, name) != config[name]:
-            raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
-                            f"drop the flag (the teacher's sizes are used)")
+            source = "" if name in args.explicit else f" (set by --preset {args.preset})"
+            raise UserError(f"--{name} {getattr(args, name)}{source} differs from the pretrained model's "
+                            f"{config[name]}: drop the flag (the teacher's sizes are used)")
 
 
 def student_of(teacher, args, **convert_options):

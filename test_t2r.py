@@ -80,6 +80,29 @@ def test_seq2seq_recurrent_equals_parallel_with_padded_sources(kind, dtype):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_post_norm_translator_recurrent_equals_parallel(kind):
+    """The paper's translator is post-norm (fairseq's transformer_vaswani_en_de_big): the RNN form must hold there too."""
+    model = make(Seq2SeqTransformer, mt_config(kind, pre_norm=False))
+    g = torch.Generator().manual_seed(3)
+    src, tgt = padded_sources(g), torch.randint(1, 37, (3, 9), generator=g)
+    with torch.no_grad():
+        parallel = model(src, tgt)
+    recurrent = step_all(model, model.init_state(src), tgt)
+    assert report(f"post-norm seq2seq {kind} recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
+
+
+def test_post_norm_block_is_layernorm_of_the_residual_sum():
+    """Post-norm: x <- LN(x + sublayer(x)) for each sublayer, with no LayerNorm after the last layer."""
+    model = make(TransformerLM, lm_config("softmax", pre_norm=False, n_layer=1))
+    block, x = model.layers[0], torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        h = block.norm1(x + block.self_attn(x))
+        expected = block.norm2(h + block.ffn(h))
+        assert report("post-norm block vs LN(x + f(x))", (block(x) - expected).abs().max()) < 1e-12
+        assert isinstance(model.final_norm, torch.nn.Identity)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_seq2seq_padding_changes_nothing(kind):
     """A sentence in a padded batch gets the logits it gets alone."""
     model = make(Seq2SeqTransformer, mt_config(kind))

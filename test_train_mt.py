@@ -15,6 +15,7 @@ import shutil
 import pytest
 import torch
 
+import job
 import mt_data
 import train_mt as train_mt_module
 from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
@@ -262,6 +263,7 @@ def teacher_flags(tmp, corpus, out_dir, pretrained="out/mt-toy-en-de-softmax-ran
 @pytest.mark.parametrize("extra, message", [
     (["--src", "de", "--tgt", "en"], "translates en-de"),
     (["--d_model", "64"], "--d_model 64 differs"),
+    (["--post_norm"], "is a pre-norm translator"),
 ])
 def test_a_teacher_of_another_shape_is_refused(trained_translator, tmp_path, extra, message):
     tmp, corpus, _ = trained_translator
@@ -288,6 +290,20 @@ def test_a_truncated_teacher_is_corrupt(trained_translator, tmp_path):
     (tmp_path / "broken.pt").write_bytes(teacher.read_bytes()[:1000])
     flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "broken.pt")
     assert_one_line_error(train_mt(*flags, cwd=tmp, check=False), "truncated or corrupt")
+
+
+@pytest.mark.parametrize("init, lr, max_steps", [("random", 5e-4, 30000), ("pretrained", 2e-4, 20000)])
+def test_the_paper_preset_carries_batch_schedule_and_averaging_into_finetuning(init, lr, max_steps):
+    """Appendix Tables 5 and 6: finetuning keeps the teacher's batch, warmup and averaging; only the rate and the
+    number of updates drop. A teacher trained first by --init pretrained gets Table 5's own."""
+    args = train_mt_module.get_args(["--preset", "wmt14", "--init", init])
+    assert (args.lr, args.max_steps) == (lr, max_steps)
+    assert (args.max_tokens, args.grad_accum, args.warmup_steps, args.average_last, args.post_norm) == \
+        (3584, 16, 4000, 5, True)
+    assert (args.n_layer, args.n_encoder_layer, args.d_model, args.n_head, args.d_ff) == (6, 6, 1024, 16, 4096)
+    teacher = job.teacher_args(args, train_mt_module.SCHEDULES, train_mt_module.MTTask.teacher_overrides(args))
+    assert (teacher.lr, teacher.max_steps, teacher.warmup_steps, teacher.grad_accum) == (5e-4, 30000, 4000, 16)
+    assert train_mt_module.model_config(args, 100).pre_norm is False
 
 
 @pytest.mark.parametrize("argv, message", [

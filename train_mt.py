@@ -38,6 +38,14 @@ SCHEDULES = {
 }
 MODEL_FLAGS = ("n_layer", "n_encoder_layer", "n_head", "d_model", "d_ff")
 MODEL_DEFAULTS = dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=256, d_ff=1024)
+# The paper's translator, appendix Table 5 (fairseq's transformer_vaswani_en_de_big: post-norm), for 8 GPUs:
+# 3584 tokens x 16 accumulated x 8 processes ~ 460K tokens per update; the last five epochs averaged (an epoch of
+# WMT14 en-de is ~300 such updates). With --init pretrained, Table 6: the same batch and averaging, a lower rate
+# and fewer updates.
+PRESETS = {"wmt14": dict(n_layer=6, n_encoder_layer=6, n_head=16, d_model=1024, d_ff=4096, dropout=0.3, post_norm=True,
+                         max_tokens=3584, grad_accum=16, weight_decay=0.0, lr=5e-4, warmup_steps=4000,
+                         max_steps=30000, average_last=5, snapshot_interval=300)}
+PRESET_FINETUNE = dict(lr=2e-4, max_steps=20000)
 
 
 def get_args(argv=None):
@@ -51,6 +59,8 @@ def get_args(argv=None):
     g = add_model_flags(p, MODEL_DEFAULTS, dropout=0.1, feature_size=4)  # the paper: dropout 0.3
     g.add_argument("--n_encoder_layer", type=positive_int, default=None, help="encoder layers (default 3; the encoder is always softmax)")
     g.add_argument("--cross_feature_size", type=positive_int, default=32, help="k of the decoder's cross attention")
+    g.add_argument("--post_norm", action="store_true", help="LayerNorm after each residual sum (Vaswani et al.; the paper's translator) instead of before")
+    g.add_argument("--preset", default=None, choices=sorted(PRESETS), help="the paper's translator (6+6 layers, 1024/4096, post-norm) with its batch, schedule and averaging, for 8 GPUs")
     g = add_run_flags(p, SCHEDULES, weight_decay=0.0, log_interval=50, eval_interval=100)
     g.add_argument("--max_tokens", type=positive_int, default=2048, help="tokens (padding included) per batch, source or target side")
     g.add_argument("--label_smoothing", type=fraction, default=0.1, help="label smoothing epsilon")
@@ -59,6 +69,11 @@ def get_args(argv=None):
     g = add_decoding_flags(p)  # for the BLEU of the final model
     g.add_argument("--bleu_sentences", type=non_negative_int, default=0, help="score only the first N valid/test sentences (0: all)")
     args = adopt_saved_run(p, argv, default_out_dir)
+    if args.preset:
+        preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
+        for key, value in preset.items():
+            if key not in args.explicit:
+                setattr(args, key, value)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
     if args.max_tokens < args.max_len + 1:
         p.error(f"--max_tokens {args.max_tokens} cannot hold one sentence of --max_len {args.max_len}")
@@ -74,8 +89,7 @@ def model_config(args, vocab_size: int) -> Config:
     sizes = {name: getattr(args, name) or MODEL_DEFAULTS[name] for name in MODEL_FLAGS}
     return Config(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn, feature_size=args.feature_size,
                   cross_attn=args.attn, cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size,
-                  window=args.window,
-                  pad_id=PAD_ID, tie_embeddings=True)
+                  window=args.window, pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True)
 
 
 # -----------------------------------------------------------------------------
@@ -152,6 +166,15 @@ class MTTask(Task):
         return results
 
     @staticmethod
+    def teacher_overrides(args) -> dict:
+        """--preset: the teacher trained first gets Table 5's own rate and updates, not the default schedules' ratio
+        to the finetuning run's."""
+        if not args.preset:
+            return {}
+        return {key: PRESETS[args.preset][key] for key in ("lr", "max_steps", "warmup_steps")
+                if key not in args.explicit}
+
+    @staticmethod
     def print_table(rows):
         print("\n| model | k cross | k causal | valid BLEU | test BLEU | test tok. BLEU | train minutes |\n"
               "|---|---|---|---|---|---|---|")
@@ -173,6 +196,9 @@ def load_translator_teacher(args):
     if not checkpoint["config"].get("n_encoder_layer") or "tokenizer" not in checkpoint:
         raise UserError(f"{args.pretrained} is a language model, not a translator: pass a model.pt of train_mt.py")
     check_teacher(checkpoint, args, MODEL_FLAGS)
+    if args.post_norm and checkpoint["config"]["pre_norm"]:
+        raise UserError(f"{args.pretrained} is a pre-norm translator and the student keeps its layers: drop "
+                        f"--post_norm{' (set by --preset)' if args.preset else ''}")
     saved = checkpoint.get("args", {})
     if (saved.get("src"), saved.get("tgt")) not in ((args.src, args.tgt), (None, None)):
         raise UserError(f"{args.pretrained} translates {saved['src']}-{saved['tgt']}, not {args.src}-{args.tgt}: "
