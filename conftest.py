@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+from t2r import Config
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # A language model small enough to train a few steps in a second (train_lm.py flags).
@@ -113,7 +115,7 @@ def write_parallel(folder, seed=0, n=(400, 30, 30)):
 
 def tiny_translator(kind, seed=0, dtype=torch.float64):
     """A random 2+2-layer translator with peaky, varied predictions (so decoding choices matter)."""
-    from t2r import Config, Seq2SeqTransformer
+    from t2r import Seq2SeqTransformer
     torch.manual_seed(seed)
     config = Config(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
                     attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=0)
@@ -132,3 +134,41 @@ def trained_translator(tmp_path_factory):
     corpus = write_parallel(str(tmp / "toy"))
     out = run("train_mt.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "10", *MT_TINY, cwd=tmp)
     return tmp, corpus, out
+
+
+# -----------------------------------------------------------------------------
+# Tiny models for the equivalence tests (test_t2r.py, test_paper_models.py)
+
+def lm_config(kind="softmax", **overrides):
+    base = dict(vocab_size=37, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=kind,
+                feature_size=6, chunk_size=4)
+    return Config(**{**base, **overrides})
+
+
+def mt_config(kind="softmax", **overrides):
+    base = dict(vocab_size=37, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
+                attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4)
+    return Config(**{**base, **overrides})
+
+
+def make(model_class, config, dtype=torch.float64, seed=0):
+    """A model in eval mode whose biases are non-zero, as after training (init sets them to zero)."""
+    torch.manual_seed(seed)
+    model = model_class(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(std=0.1)
+    return model.to(dtype).eval()
+
+
+def step_all(model, state, tokens):
+    """Run the recurrent form over tokens (B, T), one position at a time: logits (B, T, V)."""
+    return torch.stack([model.step(tokens[:, t], state)[0] for t in range(tokens.shape[1])], dim=1)
+
+
+def padded_sources(generator, lengths=(7, 4, 1), pad=0, vocab=37):
+    src = torch.full((len(lengths), max(lengths)), pad)
+    for row, n in enumerate(lengths):
+        src[row, :n] = torch.randint(1, vocab, (n,), generator=generator)
+    return src

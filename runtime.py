@@ -79,6 +79,14 @@ fraction = _number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 unit_interval = _number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
 
 
+def increasing_ints(text: str) -> list:
+    """Comma-separated positive integers in increasing order ("" for none): e.g. vocabulary cutoffs."""
+    values = [positive_int(part) for part in text.split(",")] if text.strip() else []
+    if values != sorted(set(values)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not increasing")
+    return values
+
+
 def device_name(text: str) -> str:
     """auto, cpu, cuda, cuda:N or mps, and only a device this machine has."""
     if text == "auto":

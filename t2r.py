@@ -24,7 +24,7 @@ d head size, k feature size, h = H * d model size, V vocabulary.
 import copy
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn as nn
@@ -56,6 +56,9 @@ class Config:
     cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
     cross_feature_size: int = 32    # k of the cross attention
     pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
+    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax: vocabulary bands [0, c1),
+    #                                 [c1, c2), ... of ids in order of frequency (Baevski & Auli 2019); [] for none
+    adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
 
     def __post_init__(self):
         for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
@@ -79,6 +82,22 @@ class Config:
             raise ValueError("rfa uses sin and cos features: feature_size must be even")
         if self.cross_attn == "rfa" and self.cross_feature_size % 2:
             raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
+        self.check_adaptive()
+
+    def check_adaptive(self):
+        self.adaptive_cutoffs = list(self.adaptive_cutoffs)
+        if not self.adaptive_cutoffs:
+            return
+        edges = [0, *self.adaptive_cutoffs, self.vocab_size]
+        if any(not isinstance(c, int) for c in self.adaptive_cutoffs) or edges != sorted(set(edges)):
+            raise ValueError(f"adaptive_cutoffs={self.adaptive_cutoffs} must increase strictly inside (0, "
+                             f"vocab_size={self.vocab_size})")
+        if self.adaptive_factor < 1 or self.d_model // self.adaptive_factor ** len(self.adaptive_cutoffs) < 1:
+            raise ValueError(f"adaptive_factor={self.adaptive_factor} leaves the last band no dimension of "
+                             f"d_model={self.d_model}")
+        if self.n_encoder_layer or not self.tie_embeddings:
+            raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, "
+                             "and no encoder")
 
     def layer_kinds(self) -> list:
         """The causal self-attention kind of each decoder layer, bottom to top."""
@@ -590,14 +609,60 @@ class Embedding(nn.Module):
 
     def __init__(self, config: Config):
         super().__init__()
-        self.tok = nn.Embedding(config.vocab_size, config.d_model)
-        self.scale = math.sqrt(config.d_model)
+        self.tok = AdaptiveInput(config) if config.adaptive_cutoffs else nn.Embedding(config.vocab_size, config.d_model)
+        self.d_model, self.scale = config.d_model, math.sqrt(config.d_model)
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) * self.scale + sinusoidal_positions(positions, self.tok.embedding_dim)
-        return self.drop(x.to(self.tok.weight.dtype))
+        x = self.tok(tokens) * self.scale + sinusoidal_positions(positions, self.d_model)
+        return self.drop(x.to(next(self.tok.parameters()).dtype))
+
+
+# -----------------------------------------------------------------------------
+# Adaptive input and adaptive softmax (Baevski & Auli, 2019): the paper's WikiText-103 model (section 3.2.1,
+# cutoffs 20000 and 60000). The vocabulary, in order of frequency, is cut into bands; band i embeds in
+# h / factor^i dimensions and projects them to h, so that rare words cost few parameters. The softmax mirrors it,
+# with the same (tied) weights: the head scores the first band's words and one entry per other band,
+#   log p(w | x) = log p(band(w) | x) + log p(w | band(w), x)       (a two-level softmax)
+
+def band_edges(config: Config) -> list:
+    return list(zip([0, *config.adaptive_cutoffs], [*config.adaptive_cutoffs, config.vocab_size]))
+
+
+class AdaptiveInput(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.edges = band_edges(config)
+        dims = [config.d_model // config.adaptive_factor ** i for i in range(len(self.edges))]
+        self.bands = nn.ModuleList(nn.Embedding(hi - lo, d) for (lo, hi), d in zip(self.edges, dims))
+        self.projections = nn.ModuleList(nn.Linear(d, config.d_model, bias=False) for d in dims)  # (h, d_i) each
+
+    def forward(self, tokens):  # (B, T) -> (B, T, h)
+        out = self.projections[0].weight.new_zeros(*tokens.shape, self.projections[0].out_features)
+        for (lo, hi), band, projection in zip(self.edges, self.bands, self.projections):
+            inside = (tokens >= lo) & (tokens < hi)
+            out = out.index_put((inside,), projection(band(tokens[inside] - lo)).to(out.dtype))
+        return out
+
+
+class AdaptiveSoftmax(nn.Module):
+    """Log-probabilities (B, T, V), normalised in float32: what a model's logits are for, since
+    softmax(log p) = p, so the loss, sampling and beam search take them unchanged."""
+
+    def __init__(self, config: Config, tied: AdaptiveInput):
+        super().__init__()
+        self.tied = tied  # the input's embeddings and projections, shared (registered twice, stored once)
+        self.band_entries = nn.Linear(config.d_model, len(tied.bands) - 1, bias=False)  # the head's other bands
+
+    def forward(self, x):  # (B, T, h) -> (B, T, V)
+        # each band's scores: x projected down to the band's size, against its embeddings: (x W_i) E_i^T
+        wide = lambda t: t.to(torch.promote_types(t.dtype, torch.float32))  # float32 at least, under autocast too
+        scores = [wide(F.linear(x @ p.weight, e.weight)) for e, p in zip(self.tied.bands, self.tied.projections)]
+        head = torch.log_softmax(torch.cat([scores[0], wide(self.band_entries(x))], dim=-1), dim=-1)
+        n0 = scores[0].shape[-1]
+        tails = [head[..., n0 + i: n0 + i + 1] + torch.log_softmax(s, dim=-1) for i, s in enumerate(scores[1:])]
+        return torch.cat([head[..., :n0], *tails], dim=-1)
 
 
 class TransformerBase(nn.Module):
@@ -608,7 +673,8 @@ class TransformerBase(nn.Module):
         self.config = config
         self.embed = Embedding(config)
         self.final_norm = nn.LayerNorm(config.d_model) if config.pre_norm else nn.Identity()
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = (AdaptiveSoftmax(config, self.embed.tok) if config.adaptive_cutoffs else
+                        nn.Linear(config.d_model, config.vocab_size, bias=False))
 
     def init_weights(self):
         for module in self.modules():
@@ -616,8 +682,10 @@ class TransformerBase(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.tok.weight, std=self.config.d_model ** -0.5)
-        if self.config.tie_embeddings:
+        for table in self.embed.tok.modules():
+            if isinstance(table, nn.Embedding):
+                nn.init.normal_(table.weight, std=table.embedding_dim ** -0.5)
+        if self.config.tie_embeddings and not self.config.adaptive_cutoffs:  # the adaptive softmax is tied by design
             self.lm_head.weight = self.embed.tok.weight
 
     def run_layers(self, layers, x, *args):
@@ -656,7 +724,7 @@ class TransformerLM(TransformerBase):
 
     @torch.no_grad()
     def init_state(self, batch_size: int):
-        p = self.embed.tok.weight
+        p = next(self.parameters())
         return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(batch_size, p.device, p.dtype)}
                                      for layer in self.layers]}
 
@@ -688,7 +756,7 @@ class Seq2SeqTransformer(TransformerBase):
     @torch.no_grad()
     def init_state(self, src):
         memory, key_mask = self.encode(src)
-        p = self.embed.tok.weight
+        p = next(self.parameters())
         return {"pos": 0, "layers": [
             {"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
              "cross": layer.cross_attn.init_cross_state(memory, key_mask)}

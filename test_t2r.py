@@ -10,46 +10,11 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from conftest import report
-from t2r import Config, Seq2SeqTransformer, TransformerLM
+from conftest import lm_config, make, mt_config, padded_sources, report, step_all
+from t2r import Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
-
-
-def lm_config(kind="softmax", **overrides):
-    base = dict(vocab_size=37, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=kind,
-                feature_size=6, chunk_size=4)
-    return Config(**{**base, **overrides})
-
-
-def mt_config(kind="softmax", **overrides):
-    base = dict(vocab_size=37, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
-                attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4)
-    return Config(**{**base, **overrides})
-
-
-def make(model_class, config, dtype=torch.float64, seed=0):
-    """A model in eval mode whose biases are non-zero, as after training (init sets them to zero)."""
-    torch.manual_seed(seed)
-    model = model_class(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(std=0.1)
-    return model.to(dtype).eval()
-
-
-def step_all(model, state, tokens):
-    """Run the recurrent form over tokens (B, T), one position at a time: logits (B, T, V)."""
-    return torch.stack([model.step(tokens[:, t], state)[0] for t in range(tokens.shape[1])], dim=1)
-
-
-def padded_sources(generator, lengths=(7, 4, 1), pad=0, vocab=37):
-    src = torch.full((len(lengths), max(lengths)), pad)
-    for row, n in enumerate(lengths):
-        src[row, :n] = torch.randint(1, vocab, (n,), generator=generator)
-    return src
 
 
 # -----------------------------------------------------------------------------
@@ -77,29 +42,6 @@ def test_seq2seq_recurrent_equals_parallel_with_padded_sources(kind, dtype):
         parallel = model(src, tgt)
     recurrent = step_all(model, model.init_state(src), tgt)
     assert report(f"seq2seq {kind} {dtype} recurrent vs parallel", (recurrent - parallel).abs().max()) < TOLERANCE[dtype]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_post_norm_translator_recurrent_equals_parallel(kind):
-    """The paper's translator is post-norm (fairseq's transformer_vaswani_en_de_big): the RNN form must hold there too."""
-    model = make(Seq2SeqTransformer, mt_config(kind, pre_norm=False))
-    g = torch.Generator().manual_seed(3)
-    src, tgt = padded_sources(g), torch.randint(1, 37, (3, 9), generator=g)
-    with torch.no_grad():
-        parallel = model(src, tgt)
-    recurrent = step_all(model, model.init_state(src), tgt)
-    assert report(f"post-norm seq2seq {kind} recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
-
-
-def test_post_norm_block_is_layernorm_of_the_residual_sum():
-    """Post-norm: x <- LN(x + sublayer(x)) for each sublayer, with no LayerNorm after the last layer."""
-    model = make(TransformerLM, lm_config("softmax", pre_norm=False, n_layer=1))
-    block, x = model.layers[0], torch.randn(2, 5, 16, dtype=torch.float64)
-    with torch.no_grad():
-        h = block.norm1(x + block.self_attn(x))
-        expected = block.norm2(h + block.ffn(h))
-        assert report("post-norm block vs LN(x + f(x))", (block(x) - expected).abs().max()) < 1e-12
-        assert isinstance(model.final_norm, torch.nn.Identity)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -25,7 +25,7 @@ import data
 from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
                  model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
-                     model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
+                     increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from sru import SRUConfig, SRUppLM
 from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, feature_sizes, is_feature_map_parameter
 from training import Task, get_lr
@@ -34,12 +34,14 @@ from training import Task, get_lr
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
 PRESETS = {
     "wt103": dict(n_layer=32, n_head=8, d_model=1024, d_ff=4096, dropout=0.2, layer_dropout=0.2,
-                  feature_size=32, block_size=512, batch_size=6, grad_accum=3),
+                  feature_size=32, block_size=512, batch_size=6, grad_accum=3,
+                  adaptive_cutoffs=[20000, 60000], adaptive_factor=4),  # fairseq's transformer_lm_wiki103
 }
 PRESET_FINETUNE = dict(grad_accum=1)  # appendix Table 4: update-freq 1 when finetuning
 MODEL_FLAGS = ("n_layer", "n_head", "d_model", "d_ff")
 # What SRU++ has no use for: it has no heads, feed-forward layers or linear attention, and nothing to convert
 TRANSFORMER_FLAGS = ("attn", "n_head", "d_ff", "feature_size", "chunk_size", "window", "preset", "layer_dropout",
+                     "adaptive_cutoffs", "adaptive_factor",
                      "keep_softmax_every", "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr")
 SRU_FLAGS = ("attn_every", "d_attn")
 
@@ -61,6 +63,8 @@ def get_args(argv=None):
     g = add_model_flags(p, dict(n_layer=4, n_head=4, d_model=256, d_ff="4 * d_model"), dropout=0.3, feature_size=32)
     g.add_argument("--preset", default=None, choices=sorted(PRESETS), help="the paper's WikiText-103 model (32 layers, 1024/4096)")
     g.add_argument("--layer_dropout", type=fraction, default=0.0, help="LayerDrop: probability of skipping a layer in training")
+    g.add_argument("--adaptive_cutoffs", type=increasing_ints, default=[], help="adaptive input and softmax: vocabulary cutoffs by frequency, e.g. 20000,60000 (word level; default none)")
+    g.add_argument("--adaptive_factor", type=positive_int, default=4, help="with --adaptive_cutoffs: each band has 1/factor the dimensions of the one before")
     g.add_argument("--keep_softmax_every", type=non_negative_int, default=0, help="with --init pretrained: keep every n-th layer from the top softmax (4: 'T2R 75%%')")
     g.add_argument("--keep_softmax_from", default="nth", choices=KEEP_SOFTMAX_FROM, help="with --keep_softmax_every n: the first layer kept is the n-th from the top (nth) or the top one (top)")
     g.add_argument("--freeze_feature_map", action="store_true", help="finetune with the feature-map MLP frozen (the paper's 'T2R MLP frozen' analysis)")
@@ -126,7 +130,8 @@ def model_config(args, vocab_size: int) -> Config | SRUConfig:
                          attn_every=args.attn_every, dropout=args.dropout)
     return Config(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                   d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
-                  attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window)
+                  attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window,
+                  adaptive_cutoffs=args.adaptive_cutoffs, adaptive_factor=args.adaptive_factor)
 
 
 # -----------------------------------------------------------------------------

@@ -203,8 +203,7 @@ def train(task: Task) -> dict:
                 scaler.scale(loss).backward()
                 loss_sum += loss.detach()  # no .item() here: on a GPU it would wait for every step
                 nonfinite |= ~torch.isfinite(loss.detach())
-                tokens += n * ddp.world_size
-                p.tokens += n * ddp.world_size
+                tokens, p.tokens = tokens + n * ddp.world_size, p.tokens + n * ddp.world_size
             optimizer_step(raw_model, optimizer, scaler, args.grad_clip)
             p.step, p.train_seconds, steps = p.step + 1, p.train_seconds + time.time() - t_step, steps + 1
             bar.update(1)

@@ -1,0 +1,124 @@
+"""Tests of the paper-scale options of t2r.py at tiny sizes: the post-norm translator (appendix Table 5) and the
+adaptive input and softmax of the WikiText-103 model (section 3.2.1), the latter against torch's own
+AdaptiveLogSoftmaxWithLoss loaded with the same weights.
+
+    python -m pytest -q -s test_paper_models.py
+"""
+
+import pytest
+import torch
+
+import t2r
+from conftest import (TINY, assert_flags_refused, lm_config, make, mt_config, padded_sources, report, run, step_all,
+                      write_corpus)
+from t2r import Seq2SeqTransformer, TransformerLM
+
+KINDS = ["softmax", "t2r", "elu", "rfa"]
+ADAPTIVE = dict(vocab_size=37, adaptive_cutoffs=[8, 20], adaptive_factor=2)  # bands of 8, 12 and 17 words
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_post_norm_translator_recurrent_equals_parallel(kind):
+    """The paper's translator is post-norm (fairseq's transformer_vaswani_en_de_big): the RNN form must hold there too."""
+    model = make(Seq2SeqTransformer, mt_config(kind, pre_norm=False))
+    g = torch.Generator().manual_seed(3)
+    src, tgt = padded_sources(g), torch.randint(1, 37, (3, 9), generator=g)
+    with torch.no_grad():
+        parallel = model(src, tgt)
+    recurrent = step_all(model, model.init_state(src), tgt)
+    assert report(f"post-norm seq2seq {kind} recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
+
+
+def test_post_norm_block_is_layernorm_of_the_residual_sum():
+    """Post-norm: x <- LN(x + sublayer(x)) for each sublayer, with no LayerNorm after the last layer."""
+    model = make(TransformerLM, lm_config("softmax", pre_norm=False, n_layer=1))
+    block, x = model.layers[0], torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        h = block.norm1(x + block.self_attn(x))
+        expected = block.norm2(h + block.ffn(h))
+        assert report("post-norm block vs LN(x + f(x))", (block(x) - expected).abs().max()) < 1e-12
+        assert isinstance(model.final_norm, torch.nn.Identity)
+
+
+# -----------------------------------------------------------------------------
+# Adaptive input and softmax
+
+def test_adaptive_softmax_probabilities_sum_to_one():
+    model = make(TransformerLM, lm_config("softmax", **ADAPTIVE))
+    with torch.no_grad():
+        log_p = model(torch.randint(0, 37, (3, 11), generator=torch.Generator().manual_seed(0)))
+    assert log_p.shape == (3, 11, 37) and log_p.dtype == torch.float64
+    assert report("adaptive softmax: |sum p - 1|", (log_p.exp().sum(-1) - 1).abs().max()) < 1e-12
+
+
+def test_adaptive_softmax_equals_torch_with_the_same_weights():
+    """torch's AdaptiveLogSoftmaxWithLoss: a head (the first band's words, then one entry per other band) and,
+    per other band, two bias-free linear maps h -> d_i -> V_i. Ours shares them with the input: the head's word
+    rows are E_0 W_0^T, band i's maps W_i^T and E_i."""
+    model = make(TransformerLM, lm_config("softmax", **ADAPTIVE))
+    tied = model.embed.tok
+    reference = torch.nn.AdaptiveLogSoftmaxWithLoss(16, 37, cutoffs=[8, 20], div_value=2.0).double()
+    with torch.no_grad():
+        reference.head.weight.copy_(torch.cat([tied.bands[0].weight @ tied.projections[0].weight.T,
+                                               model.lm_head.band_entries.weight]))
+        for i, tail in enumerate(reference.tail, start=1):
+            tail[0].weight.copy_(tied.projections[i].weight.T)
+            tail[1].weight.copy_(tied.bands[i].weight)
+        x = torch.randn(5, 16, dtype=torch.float64)
+        diff = (model.lm_head(x) - reference.log_prob(x)).abs().max()
+    assert report("adaptive softmax vs torch.nn.AdaptiveLogSoftmaxWithLoss", diff) < 1e-12
+
+
+def test_adaptive_input_embeds_each_band_with_its_own_table():
+    model = make(TransformerLM, lm_config("softmax", **ADAPTIVE))
+    tied, tokens = model.embed.tok, torch.tensor([[0, 7, 8, 19, 20, 36]])
+    expected = torch.stack([tied.projections[b](tied.bands[b].weight[t - lo]) for t, (b, lo) in
+                            zip(tokens[0].tolist(), [(0, 0), (0, 0), (1, 8), (1, 8), (2, 20), (2, 20)])])
+    assert [band.embedding_dim for band in tied.bands] == [16, 8, 4]
+    assert report("adaptive input vs each band by hand", (tied(tokens)[0] - expected).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["t2r", "elu", "rfa"])
+def test_conversion_keeps_the_adaptive_softmax(kind):
+    """The swap copies the bands, projections and band entries, keeps them tied, and still gives probabilities;
+    the converted model's recurrent and folded forms agree with its parallel form."""
+    teacher = make(TransformerLM, lm_config("softmax", **ADAPTIVE))
+    student = t2r.convert(teacher, kind, feature_size=4)
+    assert student.lm_head.tied is student.embed.tok and student.config.adaptive_cutoffs == [8, 20]
+    kept = [name for name, _ in teacher.named_parameters()]
+    assert all(torch.equal(teacher.state_dict()[n], student.state_dict()[n]) for n in kept)
+    tokens = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        parallel = student(tokens)
+    recurrent = step_all(t2r.fold(student), t2r.fold(student).init_state(2), tokens)
+    assert report(f"adaptive {kind}: |sum p - 1|", (parallel.exp().sum(-1) - 1).abs().max()) < 1e-12
+    assert report(f"adaptive {kind}: folded recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(adaptive_cutoffs=[20, 8]), "must increase strictly"),
+    (dict(adaptive_cutoffs=[8, 37]), "must increase strictly"),
+    (dict(adaptive_cutoffs=[8, 20], adaptive_factor=8), "leaves the last band no dimension"),
+    (dict(adaptive_cutoffs=[8], tie_embeddings=False), "tied language model"),
+])
+def test_bad_adaptive_configs_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        lm_config("softmax", **overrides)
+
+
+def test_train_lm_with_adaptive_softmax_trains_resumes_and_generates(tmp_path):
+    """--adaptive_cutoffs end to end on the tiny corpus (its ids are in order of frequency), then generate.py's
+    recurrent form checked against the parallel one."""
+    corpus = write_corpus(str(tmp_path / "tiny"))
+    run("train_lm.py", "--dataset", corpus, *TINY, "--adaptive_cutoffs", "8,20", "--adaptive_factor", "2",
+        "--max_steps", "4", "--out_dir", "adaptive", cwd=tmp_path)
+    checkpoint = torch.load(tmp_path / "adaptive/model.pt", weights_only=True)
+    assert checkpoint["config"]["adaptive_cutoffs"] == [8, 20] and "lm_head.band_entries.weight" in checkpoint["model"]
+    gen = run("generate.py", "--ckpt", "adaptive/model.pt", "--num_tokens", "20", "--check", cwd=tmp_path)
+    assert float(gen.stdout.split("logits = ")[1].split()[0]) < 1e-3
+
+
+@pytest.mark.parametrize("value", ["20,8", "8,x", "0,8"])
+def test_bad_adaptive_cutoffs_are_refused_before_any_work(capsys, value):
+    import train_lm
+    assert_flags_refused(train_lm.get_args, ["--adaptive_cutoffs", value], "--adaptive_cutoffs", capsys)
