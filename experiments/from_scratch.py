@@ -113,7 +113,9 @@ def write_report(path: str, runs: list, bench_csv: str, lengths: tuple, quick: b
     text = ["# Convert, or train an RNN from scratch: SRU++ beside T2R", "",
             f"`python experiments/from_scratch.py{' --quick' if quick else ''}` on {m['device']}, torch {m['torch']}, "
             f"report written {m['date']}. Runs: PTB, train_lm.py's defaults; the bench columns: `bench.py` at batch 1 "
-            f"with the same width and depth ({bench_csv}).", ""] + table(runs, bench_csv, lengths)
+            f"with the same width and depth ({bench_csv}). Train minutes are wall time over the sessions a run took, "
+            f"on a machine doing other work beside it: the bench columns, measured alone, are the speeds to "
+            f"compare.", ""] + table(runs, bench_csv, lengths)
     with atomic_write(path) as tmp, open(tmp, "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
