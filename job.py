@@ -106,6 +106,15 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
     return args
 
 
+def apply_preset(args, presets: dict, finetune: dict):
+    """--preset: its values for every flag not given on the command line; with --init pretrained, the finetuning
+    values on top (the paper's finetuning tables change only some of them)."""
+    if args.preset:
+        for key, value in {**presets[args.preset], **(finetune if args.init == "pretrained" else {})}.items():
+            if key not in args.explicit:
+                setattr(args, key, value)
+
+
 def check_conversion_flags(args, parser):
     if getattr(args, "keep_softmax_every", 0) and args.init != "pretrained":
         parser.error("--keep_softmax_every picks which of the teacher's layers stay softmax: add --init pretrained")

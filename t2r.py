@@ -615,8 +615,8 @@ class Embedding(nn.Module):
 
     def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        x = self.tok(tokens) * self.scale + sinusoidal_positions(positions, self.d_model)
-        return self.drop(x.to(next(self.tok.parameters()).dtype))
+        embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
+        return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
 
 
 # -----------------------------------------------------------------------------

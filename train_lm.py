@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 import data
-from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
-                 model_name, resolve_run_flags, student_of)
+from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
+                load_teacher, main_job, model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
 from sru import SRUConfig, SRUppLM
@@ -85,11 +85,7 @@ def get_args(argv=None):
     if args.arch == "sru++":
         args.attn = sru_name(args)  # names the run and its row in the tables
         args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it
-    if args.preset:
-        preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
-        for key, value in preset.items():
-            if key not in args.explicit:
-                setattr(args, key, value)
+    apply_preset(args, PRESETS, PRESET_FINETUNE)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=10, default_out_dir=default_out_dir)
     if not 0 < args.eval_score <= args.eval_context:
         p.error("--eval_score must be between 1 and --eval_context")

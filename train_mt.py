@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 import mt_data
 from mt_data import PAD_ID
-from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, check_teacher, load_teacher, main_job,
-                 model_name, resolve_run_flags, student_of)
+from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
+                load_teacher, main_job, model_name, resolve_run_flags, student_of)
 from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                      model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
@@ -69,11 +69,7 @@ def get_args(argv=None):
     g = add_decoding_flags(p)  # for the BLEU of the final model
     g.add_argument("--bleu_sentences", type=non_negative_int, default=0, help="score only the first N valid/test sentences (0: all)")
     args = adopt_saved_run(p, argv, default_out_dir)
-    if args.preset:
-        preset = {**PRESETS[args.preset], **(PRESET_FINETUNE if args.init == "pretrained" else {})}
-        for key, value in preset.items():
-            if key not in args.explicit:
-                setattr(args, key, value)
+    apply_preset(args, PRESETS, PRESET_FINETUNE)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
     if args.max_tokens < args.max_len + 1:
         p.error(f"--max_tokens {args.max_tokens} cannot hold one sentence of --max_len {args.max_len}")
