@@ -7,18 +7,21 @@ The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs
     python experiments/study.py --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
 
 Every run is a plain train_lm.py / train_mt.py command with its own out_dir. A run with a results.json is
-skipped, a run with a ckpt.pt but no results.json is resumed, so an interrupted study continues where it
-stopped. After the runs, the attention analysis (analyze_attention.py) and the translation speed probe
-(experiments/speed.py), this script gathers each run's results into results/*.csv and results/machine.json;
-experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
+skipped, a run with a ckpt.pt but no results.json is resumed, so an interrupted study (Ctrl-C, or
+`kill -INT` of this script: each run saves first) continues where it stopped. With --jobs 2 two runs share the
+machine, a conversion starting once its teacher is done. After the runs come the attention analysis
+(analyze_attention.py), the recall probe (experiments/recall.py) and the translation speed probe
+(experiments/speed.py, alone on the machine); then experiments/gather.py collects each run's results into
+results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables, plots
+and claims of results/README.md.
 
-The sizes are chosen so that the whole study fits in about 3 hours on a 2-core CPU (3 h 15 min measured on a
-2-core AMD EPYC); the claims it tests are orderings and ratios, not the paper's absolute numbers.
+The sizes are chosen so that the teachers train to their plateau and the whole study fits in about 6 hours on a
+2-core CPU; the claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
-import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from t2r import Config, feature_sizes  # noqa: E402
-from runtime import UserError, run_main, write_json  # noqa: E402
+from runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64
@@ -37,7 +40,7 @@ from runtime import UserError, run_main, write_json  # noqa: E402
 
 LM_SIZES = dict(full=dict(model=dict(n_layer=4, n_head=2, d_model=128, d_ff=512),
                           train=dict(batch_size=8, block_size=512, dropout=0.1),
-                          pretrain_steps=500, finetune_steps=125, eval_interval=125, transfer_steps=40, window=64),
+                          pretrain_steps=1200, finetune_steps=300, eval_interval=50, transfer_steps=100, window=64),
                 quick=dict(model=dict(n_layer=4, n_head=2, d_model=32, d_ff=64),
                            train=dict(batch_size=2, block_size=64, dropout=0.1, eval_context=64, eval_score=32,
                                       eval_windows=2),
@@ -116,17 +119,17 @@ def sru_run(out: str, pretrain: dict, size: dict) -> Run:
 
 # -----------------------------------------------------------------------------
 # Translation, Table 2: a 3+3-layer, 128-wide translator with 4 heads (ELU's k = 32 in both attentions),
-# on the offline LibreOffice corpus. Finetuning: 3/8 of the steps at 0.4x the learning rate (train_mt.py's
-# defaults keep the same ratios; the paper's are in its section 3.2.2).
+# on the offline LibreOffice corpus. Finetuning: a quarter of the steps at 0.4x the learning rate (the paper's
+# ratios are in its section 3.2.2).
 
 MT_SIZES = dict(full=dict(model=dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=128, d_ff=512),
-                          train=dict(max_tokens=2048), pretrain_steps=1600, finetune_steps=600, eval_interval=200,
+                          train=dict(max_tokens=2048), pretrain_steps=3200, finetune_steps=800, eval_interval=200,
                           transfer_steps=200, window=8),
                 quick=dict(model=dict(n_layer=2, n_encoder_layer=2, n_head=4, d_model=32, d_ff=64),
                            train=dict(max_tokens=512, bleu_sentences=40, snapshot_interval=2, average_last=2),
                            pretrain_steps=4, finetune_steps=4, eval_interval=2, transfer_steps=2, window=4))
-# 800 steps at 1e-3 left the teacher at 2.8 test BLEU (validation loss 4.93, still falling fast): too little to
-# compare models with, hence twice the steps at twice the rate.
+# 800 steps at 1e-3 left the teacher at 2.8 test BLEU (validation loss 4.93, still falling fast), 1600 at 2e-3 at
+# 19.1 (the first edition of this study): the teacher now trains twice as long again, towards its plateau.
 MT_LR = dict(pretrain=2e-3, finetune=8e-4)
 SPEED_BATCH = 16  # Fig. 2: greedy decoding, batch 16
 SPEED_PASSES = 3  # over the whole test set; tokens/s is their median, their range the noise
@@ -170,24 +173,59 @@ def command(run: Run) -> list:
     return [sys.executable, os.path.join(ROOT, run.script), *argv]
 
 
-def execute(runs: list, dry_run: bool):
+def ready(run: Run, runs: list) -> bool:
+    """A conversion is ready once the run of the plan that trains its teacher (its --pretrained) is done."""
+    teacher = next((r for r in runs if r.out_dir == os.path.dirname(run.flags.get("pretrained", ""))), None)
+    return teacher is None or run_state(teacher.out_dir) == "done"
+
+
+def start(run: Run, threads: int):
+    """Launch one run in the background with `threads` torch threads, logging to its out_dir/train.log. It gets
+    its own session, so a Ctrl-C reaches the study alone, which passes it on once (a second one would stop a
+    run without saving)."""
+    os.makedirs(run.out_dir, exist_ok=True)
+    print(f"started {run.name}", flush=True)
+    with open(os.path.join(run.out_dir, "train.log"), "a") as log:
+        return subprocess.Popen(command(run), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+
+
+def finish(run: Run, returncode: int, seconds: float):
+    if returncode != 0:
+        raise UserError(f"{run.name} failed (exit {returncode}); see {run.out_dir}/train.log, "
+                        f"then rerun this command to continue")
+    write_json(os.path.join(run.out_dir, "machine.json"), {**machine(), "wall_seconds": round(seconds, 1)})
+    print(f"    {run.name}: {seconds:.0f} s wall | {summary(read_json(os.path.join(run.out_dir, 'results.json')))}",
+          flush=True)
+
+
+def execute(runs: list, dry_run: bool, jobs: int = 1):
+    """Run every unfinished run of the plan, `jobs` at a time, each with its share of the CPU threads, in the
+    plan's order as far as the teachers allow. Ctrl-C stops them all; each saves its checkpoint first."""
     todo = [r for r in runs if run_state(r.out_dir) != "done"]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done")
     for i, run in enumerate(runs, 1):
-        state, cmd = run_state(run.out_dir), command(run)
-        print(f"[{i}/{len(runs)}] {run.name}: {state} | {' '.join(shorten(c) for c in cmd[1:])}", flush=True)
-        if dry_run or state == "done":
-            continue
-        os.makedirs(run.out_dir, exist_ok=True)
-        t0 = time.time()
-        with open(os.path.join(run.out_dir, "train.log"), "a") as log:
-            result = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        if result.returncode != 0:
-            raise UserError(f"{run.name} failed (exit {result.returncode}); see {run.out_dir}/train.log, "
-                            f"then rerun this command to continue")
-        write_json(os.path.join(run.out_dir, "machine.json"), {**machine(), "wall_seconds": round(time.time() - t0, 1)})
-        print(f"    {time.time() - t0:.0f} s wall | {summary(read_json(os.path.join(run.out_dir, 'results.json')))}",
-              flush=True)
+        print(f"[{i}/{len(runs)}] {run.name}: {run_state(run.out_dir)} | "
+              f"{' '.join(shorten(c) for c in command(run)[1:])}", flush=True)
+    threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // jobs)
+    running = {}  # Popen -> (run, start time)
+    try:
+        while todo and not dry_run or running:
+            for run in [r for r in todo if ready(r, runs)][:jobs - len(running)]:
+                running[start(run, threads)] = (run, time.time())
+                todo.remove(run)
+            if not running:
+                raise UserError(f"{todo[0].name} waits for a teacher that is not in the plan")
+            time.sleep(0.2)
+            for process in [p for p in running if p.poll() is not None]:
+                run, t0 = running.pop(process)
+                finish(run, process.returncode, time.time() - t0)
+    except KeyboardInterrupt:
+        raise Interrupted("study interrupted: every run saved its checkpoint; rerun the same command to continue")
+    finally:
+        for process in running:  # on Ctrl-C or a failed run: the others save and stop
+            process.send_signal(signal.SIGINT)
+            process.wait()
 
 
 def machine() -> dict:
@@ -296,7 +334,7 @@ def measure_speed(runs: list, dry_run: bool):
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Reproduce the T2R paper's findings at CPU scale.")
+    p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
     p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "recall", "mt", "results"],
                    help="one part of the study (all: every part, in this order; results: the CSVs and the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
@@ -304,6 +342,8 @@ def main(argv=None):
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
                    "or out/study-quick/results)")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
+    p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores "
+                   "(2 on a 2-core CPU: one thread each, faster in all than one run on two threads)")
     args = p.parse_args(argv)
     # absolute paths: the runs' saved flags (--pretrained) must read the same however the study is started
     out = os.path.abspath(args.out or os.path.join(ROOT, "out", "study-quick" if args.quick else "study"))
@@ -312,15 +352,15 @@ def main(argv=None):
     size = "quick" if args.quick else "full"
     lm_plan, mt_plan = lm_runs(out, LM_SIZES[size]), mt_runs(out, MT_SIZES[size])
     t0 = time.time()
-    if args.stage in ("all", "lm"):
-        execute(lm_plan, args.dry_run)
+    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan}  # all: the translators beside the LMs
+    if args.stage in plans:
+        execute(plans[args.stage], args.dry_run, args.jobs)
     if args.stage in ("all", "attention"):
         run_attention(out, lm_plan, args.quick, args.dry_run)
     if args.stage in ("all", "recall"):
         run_recall(out, lm_plan, args.quick, args.dry_run)
     if args.stage in ("all", "mt"):
-        execute(mt_plan, args.dry_run)
-        measure_speed(mt_plan, args.dry_run)
+        measure_speed(mt_plan, args.dry_run)  # alone on the machine: nothing else runs by then
     if args.stage in ("all", "results") and not args.dry_run:
         from gather import gather
         gather(out, results_dir, lm_plan, mt_plan, args.quick)

@@ -1,0 +1,108 @@
+"""The study's runner (experiments/study.py execute): several runs at a time, a conversion only after its teacher,
+and Ctrl-C reaching every run once, so that each saves. Stand-in trainers, a second or two each."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import study  # noqa: E402
+
+# A stand-in for train_lm.py: notes when it ran, whether its teacher was done and how many Ctrl-Cs it got (a real
+# run saves on the first and quits without saving on a second), then writes its results or exits 130.
+FAKE_TRAINER = """
+import json, os, signal, sys, time
+flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+out, teacher = flags["--out_dir"], os.path.dirname(flags.get("--pretrained", ""))
+signals = []
+signal.signal(signal.SIGINT, lambda *_: signals.append(1))
+start = time.time()
+open(os.path.join(out, "started"), "w").close()
+while time.time() - start < float(flags["--seconds"]) and not signals:
+    time.sleep(0.02)
+time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
+with open(os.path.join(out, "trace.json"), "w") as f:
+    json.dump({"start": start, "end": time.time(), "signals": len(signals),
+               "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
+if signals:
+    sys.exit(130)
+with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump({"valid": {"ppl": 1.0}, "test": {"ppl": 1.0}, "train_minutes": 0.0}, f)
+"""
+
+# The study itself on such a plan, in a process of its own, to be interrupted
+DRIVER = """
+import sys
+sys.path[:0] = [{root!r}, {experiments!r}]
+import study
+from runtime import run_main
+run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": 60, **flags, "out_dir": {tmp!r} + "/" + name}})
+run_main(lambda: study.execute([run("teacher"), run("other")], dry_run=False, jobs=2))
+"""
+
+
+def fake_plan(tmp_path, seconds):
+    """A teacher, its conversion and an independent run, in the order a plan lists them."""
+    script = tmp_path / "fake_trainer.py"
+    script.write_text(FAKE_TRAINER)
+    run = lambda name, **flags: study.Run(name, str(script), {"seconds": seconds, **flags,
+                                                              "out_dir": str(tmp_path / name)})
+    return [run("teacher"), run("student", pretrained=str(tmp_path / "teacher" / "ckpt.pt")), run("other")]
+
+
+def trace(run):
+    with open(os.path.join(run.out_dir, "trace.json")) as f:
+        return json.load(f)
+
+
+def test_a_conversion_starts_after_its_teacher_and_independent_runs_overlap(tmp_path):
+    teacher, student, other = fake_plan(tmp_path, seconds=0.5)
+    study.execute([teacher, student, other], dry_run=False, jobs=2)
+    assert trace(student)["teacher_done"] and trace(student)["start"] >= trace(teacher)["end"]
+    assert trace(other)["start"] < trace(teacher)["end"]  # it did not wait for the teacher
+    assert all(study.run_state(r.out_dir) == "done" for r in (teacher, student, other))
+
+
+def test_one_job_runs_the_plan_in_its_order(tmp_path):
+    plan = fake_plan(tmp_path, seconds=0.1)
+    study.execute(plan, dry_run=False, jobs=1)
+    starts = [trace(r)["start"] for r in plan]
+    assert starts == sorted(starts)
+
+
+def test_a_failed_run_is_an_error_naming_its_log(tmp_path):
+    teacher = fake_plan(tmp_path, seconds="not a number")[0]
+    with pytest.raises(study.UserError, match="teacher failed .*teacher/train.log"):
+        study.execute([teacher], dry_run=False, jobs=2)
+
+
+def test_dry_run_starts_nothing(tmp_path):
+    plan = fake_plan(tmp_path, seconds=0.5)
+    study.execute(plan, dry_run=True, jobs=2)
+    assert not any(os.path.exists(r.out_dir) for r in plan)
+
+
+def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tmp_path):
+    fake_plan(tmp_path, seconds=60)  # writes the stand-in trainer
+    driver = DRIVER.format(root=ROOT, experiments=os.path.join(ROOT, "experiments"),
+                           script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path))
+    process = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    deadline = time.time() + 30
+    while not all((tmp_path / name / "started").exists() for name in ("teacher", "other")):
+        assert time.time() < deadline and process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal, where the runs have sessions of their own
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert stderr.strip().splitlines() == ["study interrupted: every run saved its checkpoint; rerun the same "
+                                           "command to continue"]
+    assert [json.loads((tmp_path / name / "trace.json").read_text())["signals"] for name in ("teacher", "other")] \
+        == [1, 1]
