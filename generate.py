@@ -6,6 +6,7 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
+    python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (hf.py): at most 1024 positions
 
 T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k. SRU++ checkpoints
 (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and values of their
@@ -97,6 +98,15 @@ def load_tokenizer(checkpoint):
         raise UserError(f"cannot rebuild the checkpoint's tokenizer: {error}") from None
 
 
+def check_positions(config, prompt_length: int, args):
+    """Learned positions (GPT-2's) end at max_positions: the prompt and all but the last new token are fed in."""
+    limit = getattr(config, "max_positions", 0)  # 0: sinusoidal positions, or SRU++, which have no end
+    if limit and prompt_length + args.num_tokens - 1 > limit:
+        room = f"use --num_tokens {limit + 1 - prompt_length} at most" if prompt_length <= limit else "shorten --prompt"
+        raise UserError(f"the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run past the {limit} "
+                        f"positions {args.ckpt} has learned: {room}")
+
+
 def print_state_size(model, state, batch_size: int, length: int):
     """The recurrent state beside what a KV cache of the same length would hold (K and V, every layer)."""
     c, p = model.config, next(model.parameters())
@@ -136,6 +146,7 @@ def main():
     ids = lm.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give at least one word to continue")
+    check_positions(model.config, len(ids), args)
     prompt = torch.tensor([ids] * args.num_samples, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
 

@@ -13,6 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from hf import is_hf
 from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
                      non_negative_float, non_negative_int, positive_float, positive_int, print_config, serializable,
                      setup_distributed, take_saved_flags)
@@ -26,6 +27,7 @@ from training import evaluate_finished, train
 # The flags that belong to one invocation of a run; all others define the run, and --resume or --eval_only
 # take them from it (a resumed run is the same run: its evaluation, precision and logging included).
 INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device", "pretrained_given"}
+TEACHER_RESULTS = "teacher_results.json"  # a Hugging Face teacher's evaluation, in the student's out_dir
 
 
 def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
@@ -55,7 +57,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
     g = p.add_argument_group("initialisation")
     g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
-    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing)")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json")
     g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
     g = p.add_argument_group("training")
@@ -159,10 +161,18 @@ def run_job(task_class, args, ddp: Distributed):
         teacher_results = train(task_class(teacher, ddp))
     results = train(task_class(args, ddp))
     if ddp.is_main and results:
-        teacher_results = teacher_results or read_results(os.path.dirname(args.pretrained))
-        rows = [("softmax (pretrained)", teacher_results)] if teacher_results else []
+        teacher_results = teacher_results or read_results(teacher_results_file(args))
+        name = f"{args.pretrained} (softmax, not finetuned)" if is_hf(args.pretrained) else "softmax (pretrained)"
+        rows = [(name, teacher_results)] if teacher_results else []
         task_class.print_table(rows + [(results["attn"], results)])
     return results
+
+
+def teacher_results_file(args) -> str:
+    """Our teacher's results.json, or a Hugging Face model's evaluation before finetuning, beside the student's."""
+    if is_hf(args.pretrained):
+        return os.path.join(args.out_dir, TEACHER_RESULTS)
+    return os.path.join(os.path.dirname(args.pretrained), "results.json")
 
 
 def teacher_args(args, schedules: dict, overrides: dict):
@@ -182,6 +192,9 @@ def teacher_args(args, schedules: dict, overrides: dict):
 
 def load_teacher(args, what: str) -> dict:
     """The checkpoint --init pretrained converts: finished, with finite weights."""
+    if is_hf(args.pretrained):
+        raise UserError(f"--pretrained {args.pretrained} is a Hugging Face GPT-2, a language model: train_lm.py "
+                        f"converts it")
     checkpoint = load_checkpoint(args.pretrained, what)
     if is_sru(checkpoint["config"]):
         raise UserError(f"{args.pretrained} is an SRU++ model: --init pretrained converts a softmax transformer")
@@ -233,8 +246,7 @@ def model_name(args) -> str:
     return "+".join([args.attn] + steps + (["pretrain"] if args.init == "pretrained" else []))
 
 
-def read_results(out_dir: str):
-    path = os.path.join(out_dir, "results.json")
+def read_results(path: str):
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f)

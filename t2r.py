@@ -25,12 +25,15 @@ import copy
 import math
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
+POSITIONS = ("sinusoidal", "learned")
+ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 
 # The one epsilon rule of every linear form (quadratic, chunked, non-causal, recurrent):
 # ReLU features can all be zero, so the normaliser phi(q).z of Eq. 7 can be zero.
@@ -59,10 +62,14 @@ class Config:
     adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax: vocabulary bands [0, c1),
     #                                 [c1, c2), ... of ids in order of frequency (Baevski & Auli 2019); [] for none
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
+    positions: str = "sinusoidal"   # or "learned": a trained table of max_positions rows (GPT-2)
+    max_positions: int = 0          # rows of the learned table, the longest sequence (GPT-2's n_positions)
+    activation: str = "relu"        # of the feed-forward hidden layer, or "gelu_tanh" (GPT-2's tanh approximation)
+    scale_embedding: bool = True    # token embedding times sqrt(h) (Vaswani et al.); GPT-2 does not scale it
 
     def __post_init__(self):
         for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
-                            ("n_encoder_layer", 0), ("chunk_size", 0), ("window", 0)):
+                            ("n_encoder_layer", 0), ("chunk_size", 0), ("window", 0), ("max_positions", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"{name}={value!r} must be an integer >= {least}")
@@ -83,6 +90,19 @@ class Config:
         if self.cross_attn == "rfa" and self.cross_feature_size % 2:
             raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
         self.check_adaptive()
+        self.check_gpt2_switches()
+
+    def check_gpt2_switches(self):
+        """The switches GPT-2 needs: learned positions and their number, the GELU, the unscaled embedding."""
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions={self.positions!r}: choose one of {', '.join(POSITIONS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
+        if (self.positions == "learned") != (self.max_positions > 0):
+            raise ValueError(f"max_positions={self.max_positions} with {self.positions} positions: a learned table "
+                             f"needs its length (> 0), sinusoidal positions take 0 (they have no end)")
+        if not isinstance(self.scale_embedding, bool):
+            raise ValueError(f"scale_embedding={self.scale_embedding!r} must be True or False")
 
     def check_adaptive(self):
         self.adaptive_cutoffs = list(self.adaptive_cutoffs)
@@ -571,7 +591,7 @@ class Block(nn.Module):
             self.cross_attn = make_attention(cross_kind, config, False, config.cross_feature_size)
             self.norm_cross = nn.LayerNorm(config.d_model)
         self.ffn = nn.Sequential(
-            nn.Linear(config.d_model, config.d_ff), nn.ReLU(), nn.Dropout(config.dropout),
+            nn.Linear(config.d_model, config.d_ff), ACTIVATIONS[config.activation](), nn.Dropout(config.dropout),
             nn.Linear(config.d_ff, config.d_model),
         )
         self.norm2 = nn.LayerNorm(config.d_model)
@@ -605,18 +625,26 @@ def sinusoidal_positions(positions, d_model: int):
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(h), plus sinusoidal positions, then dropout."""
+    """Token embedding scaled by sqrt(h), plus sinusoidal positions, then dropout. GPT-2's instead: the token
+    embedding unscaled, plus a learned table of positions."""
 
     def __init__(self, config: Config):
         super().__init__()
         self.tok = AdaptiveInput(config) if config.adaptive_cutoffs else nn.Embedding(config.vocab_size, config.d_model)
-        self.d_model, self.scale = config.d_model, math.sqrt(config.d_model)
+        # (max_positions, h), GPT-2's wpe; None registers nothing, so sinusoidal models keep their state_dict keys
+        self.pos = nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
+        self.d_model, self.scale = config.d_model, math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.drop = nn.Dropout(config.dropout)
 
     def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
-        return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
+        if self.pos is None:
+            return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
+        if start + tokens.shape[1] > self.pos.num_embeddings:  # a table has no row past its end
+            raise ValueError(f"position {start + tokens.shape[1] - 1} is past the {self.pos.num_embeddings} learned "
+                             f"positions")
+        return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
 
 
 # -----------------------------------------------------------------------------

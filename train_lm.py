@@ -9,6 +9,8 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     torchrun --nproc_per_node 2 train_lm.py ...     # data parallel (NCCL on GPUs, gloo on CPU)
     python train_lm.py --preset wt103 --dataset wikitext103        # the paper's model, for GPUs
     python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
+    python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (hf.py):
+                                                    # evaluated as it is, converted, finetuned with its tokenizer
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
 The loop itself is training.train; this file says what is particular to a language model.
@@ -22,10 +24,11 @@ import torch
 import torch.nn.functional as F
 
 import data
-from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
-                load_teacher, main_job, model_name, resolve_run_flags, student_of)
-from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
-                     increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval)
+import hf
+from job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset,
+                 check_teacher, load_teacher, main_job, model_name, resolve_run_flags, student_of)
+from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction, increasing_ints,
+                     model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval, write_json)
 from sru import SRUConfig, SRUppLM
 from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, feature_sizes, is_feature_map_parameter
 from training import Task, get_lr
@@ -57,7 +60,7 @@ def get_args(argv=None):
     p = Parser(prog="train_lm.py", description="Pretrain a transformer LM, or convert one to T2R and finetune.")
     g = add_data_flags(p, "ptb", "ptb (offline default), wikitext103, or a folder of train/valid/test text files",
                        "where the dataset lives or is downloaded (wikitext103: data/wikitext103)")
-    g.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="word-level (the paper's setting) or BPE")
+    g.add_argument("--tokenizer", default="word", choices=["word", "bpe"], help="word-level (the paper's setting) or BPE (--pretrained hf:... brings its own)")
     g.add_argument("--vocab_size", type=positive_int, default=8000, help="BPE vocabulary size (word level uses every training word)")
     g.add_argument("--cache_dir", default="data/cache", help="where token ids are cached as numpy memmaps")
     g = add_model_flags(p, dict(n_layer=4, n_head=4, d_model=256, d_ff="4 * d_model"), dropout=0.3, feature_size=32)
@@ -82,6 +85,8 @@ def get_args(argv=None):
     g.add_argument("--eval_batch_size", type=positive_int, default=8, help="windows per evaluation batch")
     args = adopt_saved_run(p, argv, saved_run_dir)
     check_arch_flags(args, p)
+    if hf.is_hf(args.pretrained):
+        check_gpt2_flags(args, p)
     if args.arch == "sru++":
         args.attn = sru_name(args)  # names the run and its row in the tables
         args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it
@@ -105,12 +110,23 @@ def check_arch_flags(args, parser):
                      f"attend (use 0 for none, or {args.n_layer or 4} for the top layer only)")
 
 
+def check_gpt2_flags(args, parser):
+    if args.init != "pretrained":
+        parser.error(f"--pretrained {args.pretrained} is a model to convert: add --init pretrained")
+    given = [name for name in ("tokenizer", "vocab_size") if name in args.explicit]
+    if given:
+        parser.error(f"--{given[0]}: GPT-2 cuts the data with its own tokenizer (its tokenizer.json): drop the flag")
+
+
 def sru_name(args) -> str:
     """sru++ (attention in every layer), sru++every4 (in every 4th), sru++noattn (none)."""
     return {1: "sru++", 0: "sru++noattn"}.get(args.attn_every, f"sru++every{args.attn_every}")
 
 
 def default_out_dir(args, attn: str, init: str) -> str:
+    """out/<dataset>-<attn>-<init>; a Hugging Face model's conversion is named after it: out/ptb-t2r-gpt2."""
+    if init == "pretrained" and hf.is_hf(args.pretrained):
+        init = os.path.basename(os.path.normpath(args.pretrained.removeprefix(hf.PREFIX)))
     return os.path.join("out", f"{os.path.basename(os.path.normpath(args.dataset))}-{attn}-{init}")
 
 
@@ -142,11 +158,20 @@ class LMTask(Task):
 
     def prepare(self, checkpoint):
         args = self.args
+        gpt2 = checkpoint is None and args.init == "pretrained" and hf.is_hf(args.pretrained)
+        if gpt2:  # its config first: windows longer than its positions are refused before any work
+            folder = hf.folder_of(args.pretrained)
+            check_positions(hf.read_config(folder).to_dict(), args, args.pretrained)
+            args.tokenizer = hf.tokenizer_file(folder)  # kept with the run's flags: generate.py finds it there
+        elif checkpoint is not None:
+            check_positions(checkpoint["config"], args, args.out_dir)
         self.data = load_data(args)
         if len(self.data.train) <= args.block_size:
             raise UserError(f"the training split has {len(self.data.train)} tokens, not more than --block_size "
                             f"{args.block_size}: use a smaller --block_size or more data")
-        if checkpoint is None:
+        if gpt2:
+            model = self.gpt2_student(folder)
+        elif checkpoint is None:
             model = new_model(args, self.data)
         elif checkpoint["config"]["vocab_size"] != self.data.vocab_size:
             raise UserError(f"{args.out_dir} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
@@ -156,6 +181,24 @@ class LMTask(Task):
         for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
             p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
         return model
+
+    def gpt2_student(self, folder):
+        """GPT-2 evaluated as it is (the table's teacher row), then converted like a teacher of ours."""
+        args = self.args
+        teacher = hf.load(folder)
+        if teacher.config.vocab_size != self.data.vocab_size:
+            raise UserError(f"{folder} has {teacher.config.vocab_size} token embeddings, its tokenizer.json "
+                            f"{self.data.vocab_size} tokens: they must be the same model's")
+        check_teacher({"config": teacher.config.to_dict()}, args, MODEL_FLAGS)
+        if "dropout" not in args.explicit:
+            args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
+        print(f"{args.pretrained} as it is (softmax, not finetuned):")
+        results = self.report(teacher.to(self.device), 0.0)
+        results["attn"] = f"{args.pretrained} (softmax)"
+        if self.ddp.is_main:
+            write_json(os.path.join(args.out_dir, TEACHER_RESULTS), results)
+        return student_of(teacher, args, keep_softmax_every=args.keep_softmax_every,
+                          keep_softmax_from=args.keep_softmax_from)
 
     def identity(self):
         return data_identity(self.data)
@@ -199,10 +242,22 @@ class LMTask(Task):
 
     @staticmethod
     def print_table(rows):
-        print("\n| model | k | valid ppl | test ppl | train minutes |\n|---|---|---|---|---|")
+        words = all("word_ppl" in r["test"] for _, r in rows)  # token-level ppl beside word-level, for BPE
+        print("\n| model | k | valid ppl | test ppl |" + (" valid word ppl | test word ppl |" if words else "")
+              + " train minutes |\n|---|---|---|---|" + ("---|---|" if words else "") + "---|")
         for name, r in rows:
-            print(f"| {name} | {r['k'] or '-'} | {r['valid']['ppl']:.2f} | {r['test']['ppl']:.2f} | "
+            word_columns = f" {r['valid']['word_ppl']:.2f} | {r['test']['word_ppl']:.2f} |" if words else ""
+            print(f"| {name} | {r['k'] or '-'} | {r['valid']['ppl']:.2f} | {r['test']['ppl']:.2f} |{word_columns} "
                   f"{r['train_minutes']:.1f} |")
+
+
+def check_positions(config: dict, args, source: str):
+    """Learned positions end at max_positions (GPT-2: 1024): no training or evaluation window may be longer."""
+    limit = config.get("max_positions") if config.get("positions") == "learned" else None
+    for flag in ("block_size", "eval_context"):
+        if limit and getattr(args, flag) > limit:
+            raise UserError(f"--{flag} {getattr(args, flag)} is longer than the {limit} positions {source} has "
+                            f"learned: use at most {limit}")
 
 
 def new_model(args, lm):
@@ -279,8 +334,12 @@ def group_by_length(windows):
 
 
 def perplexities(result: dict, n_words: int | None, tokenizer: str) -> dict:
+    """Token-level ppl = exp(NLL / scored tokens); with subword tokens (BPE, GPT-2's), word-level ppl too, comparable
+    with the literature and across tokenizers: exp(NLL / n_words), n_words being the split's whitespace-separated
+    words plus one <eos> a line (PTB's test set: 82,430). evaluate() scores every token of the split once, so the
+    NLL sums over exactly the text whose words n_words counts."""
     out = {"ppl": float(torch.tensor(result["nll"] / result["tokens"]).exp()), "tokens": result["tokens"]}
-    if tokenizer == "bpe" and n_words:  # word-level perplexity, comparable with the literature
+    if tokenizer != "word" and n_words:
         out["word_ppl"] = float(torch.tensor(result["nll"] / n_words).exp())
     return out
 

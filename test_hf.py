@@ -1,0 +1,290 @@
+"""Tests of hf.py: a Hugging Face GPT-2 read into t2r.TransformerLM computes transformers' own logits and gradients,
+converts, finetunes and generates like a teacher of ours, and every bad input is a one-line error. A tiny random GPT-2
+(conftest.tiny_gpt2) stands in for the real one: no network.
+
+    python -m pytest -q -s test_hf.py
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import shutil
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+import generate  # noqa: E402
+import hf  # noqa: E402
+import job  # noqa: E402
+import runtime  # noqa: E402
+import t2r  # noqa: E402
+import train_lm  # noqa: E402
+from conftest import assert_flags_refused, lm_config, report, run, step_all  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+# train_lm.py flags for the tiny GPT-2: its sizes come from its config.json
+FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
+            "--eval_interval", "4", "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8",
+            "--chunk_size", "8"]
+
+
+def tokens(vocab_size, shape=(2, 23), seed=0):
+    return torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def variant(tiny_gpt2, tmp_path, layout="safetensors", change_tensors=None, change_config=None):
+    """A copy of the tiny GPT-2's folder, its weights saved as `layout` and optionally changed:
+    "safetensors" as save_pretrained writes them (transformer. prefix), "bin" as GPT-2's own release does
+    (pytorch_model.bin, no prefix, no lm_head, and the causal mask buffers attn.bias and attn.masked_bias)."""
+    folder, _, _ = tiny_gpt2
+    out = tmp_path / f"variant-{layout}"
+    out.mkdir()
+    shutil.copy(folder / "tokenizer.json", out / "tokenizer.json")
+    config = {**json.loads((folder / "config.json").read_text()), **(change_config or {})}
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = load_file(folder / "model.safetensors")
+    if layout == "bin":
+        tensors = {name.removeprefix("transformer."): t for name, t in tensors.items()}
+        n = config["n_positions"]
+        for i in range(config["n_layer"]):
+            tensors[f"h.{i}.attn.bias"] = torch.ones(n, n, dtype=torch.uint8).tril()[None, None]
+            tensors[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    if change_tensors:
+        change_tensors(tensors)
+    if layout == "bin":
+        torch.save(tensors, out / "pytorch_model.bin")
+    else:
+        save_file({k: t.contiguous() for k, t in tensors.items()}, out / "model.safetensors")
+    return out
+
+
+# -----------------------------------------------------------------------------
+# The same function as transformers' GPT-2
+
+@pytest.mark.parametrize("layout", ["safetensors", "bin"])
+def test_logits_equal_transformers(tiny_gpt2, tmp_path, layout):
+    _, _, reference = tiny_gpt2
+    ours = hf.load(variant(tiny_gpt2, tmp_path, layout)).eval()
+    x = tokens(reference.config.vocab_size, (2, 128))  # every one of the 128 learned positions
+    with torch.no_grad():
+        diff = (ours(x) - reference(x).logits).abs().max()
+    assert report(f"{layout}: our logits vs transformers' GPT2LMHeadModel", diff) < 1e-5
+
+
+def test_gradients_equal_transformers(tiny_gpt2):
+    """The same loss gives the same gradients, in GPT-2's layout: c_attn's is q's, k's and v's side by side."""
+    folder, _, reference = tiny_gpt2
+    ours = hf.load(folder).eval()
+    x, y = tokens(reference.config.vocab_size), tokens(reference.config.vocab_size, seed=1)
+    for logits in (ours(x), reference(x).logits):
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    theirs = dict(reference.named_parameters())
+    layer = ours.layers[1].self_attn
+    c_attn = torch.cat([p.weight.grad for p in (layer.q_proj, layer.k_proj, layer.v_proj)]).T  # (in, 3h), as Conv1D
+    pairs = {"wte": (ours.embed.tok.weight.grad, theirs["transformer.wte.weight"].grad),
+             "wpe": (ours.embed.pos.weight.grad, theirs["transformer.wpe.weight"].grad),
+             "h.1.attn.c_attn": (c_attn, theirs["transformer.h.1.attn.c_attn.weight"].grad),
+             "h.0.mlp.c_fc": (ours.layers[0].ffn[0].weight.grad.T, theirs["transformer.h.0.mlp.c_fc.weight"].grad)}
+    for name, (a, b) in pairs.items():
+        assert report(f"gradient of {name}", (a - b).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
+    """Swapped to T2R (with a softmax window, or without and folded): GPT-2's learned positions, GELU and unscaled
+    embedding stay, and the recurrent form, which embeds position t at step t, equals the parallel one."""
+    folder, _, reference = tiny_gpt2
+    student = t2r.convert(hf.load(folder), "t2r", feature_size=8, window=window).double().eval()
+    c = student.config
+    assert (c.positions, c.max_positions, c.activation, c.scale_embedding) == ("learned", 128, "gelu_tanh", False)
+    assert torch.equal(student.embed.pos.weight, reference.transformer.wpe.weight.double())
+    generating = student if window else t2r.fold(student)
+    x = tokens(c.vocab_size, (2, 40))
+    with torch.no_grad():
+        parallel = student(x)
+    recurrent = step_all(generating, generating.init_state(2), x)
+    assert report(f"window {window}: recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
+
+
+def test_the_switches_add_one_table_and_leave_todays_models_alone():
+    """Today's models keep their state_dict keys (sinusoidal positions have no table); learned positions add one."""
+    today = set(t2r.TransformerLM(lm_config()).state_dict())
+    gpt2_like = set(t2r.TransformerLM(lm_config(positions="learned", max_positions=16, activation="gelu_tanh",
+                                                scale_embedding=False)).state_dict())
+    assert gpt2_like - today == {"embed.pos.weight"} and today <= gpt2_like
+
+
+@pytest.mark.parametrize("switches, message", [
+    (dict(positions="rotary"), "positions='rotary': choose one of sinusoidal, learned"),
+    (dict(activation="swiglu"), "activation='swiglu': choose one of relu, gelu_tanh"),
+    (dict(positions="learned"), "a learned table needs its length"),
+    (dict(max_positions=64), "sinusoidal positions take 0"),
+    (dict(scale_embedding="no"), "scale_embedding='no' must be True or False"),
+])
+def test_bad_switches_are_refused(switches, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        lm_config(**switches)
+
+
+# -----------------------------------------------------------------------------
+# The job: evaluate GPT-2 as it is, convert, finetune, generate
+
+@pytest.fixture(scope="module")
+def finetuned(tiny_gpt2, tmp_path_factory):
+    """train_lm.py --init pretrained --pretrained hf:FOLDER on the tiny corpus, in this process (for speed), with an
+    attention-transfer stage. Returns (its folder, its stdout)."""
+    folder, corpus, _ = tiny_gpt2
+    out = tmp_path_factory.mktemp("finetuned")
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--transfer_steps", "2",
+            "--out_dir", str(out / "run"), "--cache_dir", str(out / "cache"), *FINETUNE]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+    print(stdout.getvalue()[-1500:])
+    return out / "run", stdout.getvalue()
+
+
+def test_the_job_prints_the_teachers_row_and_word_level_perplexity(tiny_gpt2, finetuned):
+    folder, _, _ = tiny_gpt2
+    run_dir, stdout = finetuned
+    teacher = json.loads((run_dir / job.TEACHER_RESULTS).read_text())
+    student = json.loads((run_dir / "results.json").read_text())
+    assert "| valid word ppl | test word ppl |" in stdout
+    assert f"| hf:{folder} (softmax, not finetuned) | - | {teacher['valid']['ppl']:.2f} |" in stdout
+    assert f"| t2r+transfer+pretrain | 8 | {student['valid']['ppl']:.2f} |" in stdout
+    for results in (teacher, student):  # word ppl = exp(NLL / words): more tokens than words, so a larger ppl
+        assert results["test"]["word_ppl"] > results["test"]["ppl"] > 1
+
+
+def test_the_checkpoint_keeps_gpt2s_switches_and_its_tokenizer(finetuned):
+    run_dir, _ = finetuned
+    checkpoint = torch.load(run_dir / "model.pt", weights_only=True)
+    assert checkpoint["config"]["positions"] == "learned" and checkpoint["config"]["activation"] == "gelu_tanh"
+    assert checkpoint["args"]["tokenizer"].endswith("tokenizer.json") and checkpoint["args"]["dropout"] == 0.1
+
+
+def test_generate_checks_recurrent_against_parallel(finetuned):
+    run_dir, _ = finetuned
+    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens", "60",
+              "--check", cwd=run_dir)
+    print(gen.stdout[-500:])
+    assert "folded, Eq. 8" in gen.stdout
+    assert float(gen.stdout.split("logits = ")[1].split()[0]) < 1e-4
+
+
+def test_generating_past_the_learned_positions_is_refused(finetuned, monkeypatch):
+    run_dir, _ = finetuned
+    monkeypatch.setattr(sys, "argv", ["generate.py", "--ckpt", str(run_dir / "model.pt"), "--num_tokens", "200"])
+    with pytest.raises(runtime.UserError, match="run past the 128 positions") as error:
+        generate.main()
+    print(error.value)
+
+
+@pytest.mark.parametrize("num_tokens, fits", [(126, True), (127, False)])
+def test_the_position_limit_is_exact(num_tokens, fits):
+    """A 3-token prompt and n new tokens feed positions 0 .. 3 + n - 2: the last new token is never fed in."""
+    config = t2r.Config(vocab_size=10, n_layer=1, n_head=1, d_model=8, positions="learned", max_positions=128)
+    with contextlib.nullcontext() if fits else pytest.raises(runtime.UserError):
+        generate.check_positions(config, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
+
+
+@pytest.mark.parametrize("flag", ["--block_size", "--eval_context"])
+def test_windows_longer_than_the_learned_positions_are_refused(tiny_gpt2, tmp_path, flag):
+    folder, corpus, _ = tiny_gpt2
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--out_dir",
+            str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *FINETUNE, flag, "200"]
+    with pytest.raises(runtime.UserError, match=f"{flag} 200 is longer than the 128 positions") as error:
+        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+    print(error.value)
+    assert not (tmp_path / "cache").exists()  # refused before the corpus was tokenised
+
+
+# -----------------------------------------------------------------------------
+# One-line errors
+
+def drop(name):
+    return lambda tensors: tensors.pop(name)
+
+
+def add(name):
+    return lambda tensors: tensors.update({name: torch.zeros(3)})
+
+
+def untie(tensors):
+    tensors["transformer.wte.weight"] = tensors["transformer.wte.weight"].clone()
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1
+
+
+def narrow(tensors):
+    tensors["transformer.h.0.attn.c_attn.weight"] = tensors["transformer.h.0.attn.c_attn.weight"][:, :-3]
+
+
+@pytest.mark.parametrize("change_tensors, change_config, message", [
+    (drop("transformer.h.1.mlp.c_fc.bias"), None, "lacks the tensor h.1.mlp.c_fc.bias"),
+    (add("transformer.h.0.attn.rotary"), None, "has the tensor h.0.attn.rotary"),
+    (untie, None, "lm_head.weight is not wte.weight"),
+    (narrow, None, "h.0.attn.c_attn.weight has shape (64, 189)"),
+    (None, {"model_type": "llama"}, "describes a 'llama' model"),
+    (None, {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
+    (None, {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06"),
+    (None, {"n_head": 5}, "not a usable GPT-2 config"),
+], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "llama", "layer-scaled attention",
+        "another epsilon", "heads that do not divide"])
+def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path, capsys, change_tensors,
+                                                            change_config, message):
+    folder = variant(tiny_gpt2, tmp_path, change_tensors=change_tensors, change_config=change_config)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run_main(lambda: hf.load(folder))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert message in err, err
+    print(err.strip())
+
+
+def test_an_unreachable_hub_is_a_one_line_error_that_says_what_to_do(tmp_path, corpus, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def offline(*args, **kwargs):
+        raise LocalEntryNotFoundError("Cannot reach the Hugging Face Hub and the files are not in the local cache")
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--init", "pretrained", "--pretrained", "hf:gpt2", "--dataset", corpus, *FINETUNE]
+    with pytest.raises(runtime.UserError, match="could not download gpt2") as error:
+        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+    message = str(error.value)
+    print(message)
+    assert "LocalEntryNotFoundError" in message and "--pretrained hf:./gpt2" in message and "\n" not in message
+
+
+def test_a_folder_that_is_not_there_is_a_one_line_error(tmp_path, corpus, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--init", "pretrained", "--pretrained", "hf:./nowhere", "--dataset", corpus, *FINETUNE]
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run_main(lambda: job.main_job(train_lm.LMTask, train_lm.get_args(argv)))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1 and "there is no folder './nowhere'" in err, err
+    print(err.strip())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pretrained", "hf:gpt2"], "is a model to convert: add --init pretrained"),
+    (["--init", "pretrained", "--pretrained", "hf:gpt2", "--tokenizer", "bpe"], "--tokenizer: GPT-2 cuts the data"),
+])
+def test_flags_that_gpt2_cannot_take_are_refused(capsys, argv, message):
+    assert_flags_refused(train_lm.get_args, argv, message, capsys)
+
+
+def test_the_memory_figures_come_from_gpt2s_shapes():
+    """124,439,808 parameters (GPT-2 small, tied), and T2R's 12 x 12 x 32 x 32 feature maps and biases."""
+    figures = hf.memory(hf.gpt2_config(hf.GPT2, "GPT-2"))
+    assert figures["weights"] == 4 * (124_439_808 + 12 * 12 * 32 * (64 + 1))
+    assert figures["t2r_state"] == 4 * 12 * 12 * 32 * (64 + 1)  # S (k x d) and z (k) per head and layer
+    assert figures["kv_cache_1024"] == 4 * 2 * 12 * 1024 * 768
+    print({k: f"{v:,}" for k, v in figures.items()})
