@@ -6,7 +6,7 @@ learned positions, the tanh GELU and an unscaled token embedding (the switches o
     python train_lm.py --init pretrained --pretrained hf:./gpt2   # a folder of config.json, model.safetensors and
                                                                   # tokenizer.json (or pytorch_model.bin)
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt --prompt "the company said"
-    python hf.py                                                  # the memory GPT-2 (124M) takes as T2R
+    python experiments/gpt2_cost.py                               # its memory and CPU speed as T2R
 """
 
 import json
@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from runtime import UserError, run_main
-from t2r import Config, TransformerLM, convert, state_bytes
+from runtime import UserError
+from t2r import Config, TransformerLM
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER
 FILES = ["config.json", "model.safetensors", "tokenizer.json"]  # what a download fetches
@@ -159,27 +159,3 @@ def tokenizer_file(folder: str) -> str:
     if len(newline) != 1:  # data.prepare ends every line with it, as <eos>
         raise UserError(f"{path} has no newline token: it is not GPT-2's byte-level BPE")
     return path
-
-
-# -----------------------------------------------------------------------------
-# Memory from the shapes alone: the model is built on the meta device, which allocates nothing
-
-def memory(config: Config, feature_size: int = 32, length: int = 1024) -> dict:
-    """Bytes in float32: the T2R model's weights, their gradients and AdamW's two moments, and one sequence's
-    generation state: T2R's S and z (the same at every length), against softmax's keys and values after `length`."""
-    with torch.device("meta"):
-        student = convert(TransformerLM(config), "t2r", feature_size)
-        state = state_bytes(student.init_state(batch_size=1))
-    weights = 4 * student.num_params()
-    return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
-            f"kv_cache_{length}": 4 * 2 * config.n_layer * length * config.d_model}
-
-
-def main():
-    config = gpt2_config(GPT2, "GPT-2 (124M)")
-    for what, size in memory(config).items():
-        print(f"GPT-2 (124M) as T2R, k = 32: {what:15s} {size:>13,d} bytes = {size / 2 ** 20:8.1f} MiB")
-
-
-if __name__ == "__main__":
-    run_main(main)

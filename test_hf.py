@@ -25,8 +25,11 @@ import job  # noqa: E402
 import runtime  # noqa: E402
 import t2r  # noqa: E402
 import train_lm  # noqa: E402
-from conftest import assert_flags_refused, lm_config, report, run, step_all  # noqa: E402
+from conftest import ROOT, assert_flags_refused, lm_config, report, run, step_all  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+
+sys.path.insert(0, f"{ROOT}/experiments")
+import gpt2_cost  # noqa: E402
 
 # train_lm.py flags for the tiny GPT-2: its sizes come from its config.json
 FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
@@ -283,7 +286,7 @@ def test_flags_that_gpt2_cannot_take_are_refused(capsys, argv, message):
 
 def test_the_memory_figures_come_from_gpt2s_shapes():
     """124,439,808 parameters (GPT-2 small, tied), and T2R's 12 x 12 x 32 x 32 feature maps and biases."""
-    figures = hf.memory(hf.gpt2_config(hf.GPT2, "GPT-2"))
+    figures = gpt2_cost.memory(hf.gpt2_config(hf.GPT2, "GPT-2"))
     assert figures["weights"] == 4 * (124_439_808 + 12 * 12 * 32 * (64 + 1))
     assert figures["t2r_state"] == 4 * 12 * 12 * 32 * (64 + 1)  # S (k x d) and z (k) per head and layer
     assert figures["kv_cache_1024"] == 4 * 2 * 12 * 1024 * 768

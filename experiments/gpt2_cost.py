@@ -1,0 +1,89 @@
+"""
+What GPT-2 (124M) costs as a T2R model: its memory from the shapes, and its CPU speed with random weights of its
+exact shape (speed does not depend on the weights' values), so that it runs with no download.
+
+    python experiments/gpt2_cost.py                  # memory, one finetuning step, decoding 1024 tokens
+    python experiments/gpt2_cost.py --memory_only    # the memory alone (instant: nothing is allocated)
+
+Memory: float32 weights, their gradients and AdamW's two moments (what finetuning holds before activations), and
+one sequence's generation state: T2R's S and z (the same at every length) against softmax's keys and values.
+Speed: one finetuning step (forward, backward, AdamW) at batch 1 x 512 tokens, the median of `--repeats` after a
+warm-up; greedy decoding of 1024 tokens at batch 1, softmax with its KV cache against T2R folded (Eq. 8).
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import hf  # noqa: E402
+from bench import generate, latency_at  # noqa: E402
+from runtime import Parser, positive_int, run_main  # noqa: E402
+from t2r import Config, TransformerLM, convert, fold, state_bytes  # noqa: E402
+from training import make_optimizer  # noqa: E402
+
+FEATURE_SIZE = 32  # T2R's k, as in the paper
+LENGTH = 1024  # GPT-2's last position
+
+
+def memory(config: Config, feature_size: int = FEATURE_SIZE, length: int = LENGTH) -> dict:
+    """Bytes in float32, computed on the meta device: the model is described, nothing is allocated."""
+    with torch.device("meta"):
+        student = convert(TransformerLM(config), "t2r", feature_size)
+        state = state_bytes(student.init_state(batch_size=1))
+    weights = 4 * student.num_params()
+    return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
+            f"kv_cache_{length}": 4 * 2 * config.n_layer * length * config.d_model}
+
+
+def step_seconds(model, repeats: int, tokens: int = 512) -> float:
+    """The median seconds of one finetuning step (forward, backward, AdamW) on `tokens` tokens, after a warm-up."""
+    model.train()
+    optimizer = make_optimizer(model, 1e-4, 0.01, torch.device("cpu"))
+    batch, times = torch.randint(0, model.config.vocab_size, (1, tokens + 1)), []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        logits = model(batch[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def decoding(model) -> tuple:
+    """Greedy tokens/s over LENGTH tokens at batch 1, and the per-token latency at tokens 32 and LENGTH."""
+    generate(model, "step", 1, 16, torch.device("cpu"))  # warm-up
+    times, _, _ = generate(model, "step", 1, LENGTH, torch.device("cpu"))
+    return LENGTH / sum(times), latency_at(times, 32), latency_at(times, LENGTH)
+
+
+def main(argv=None):
+    p = Parser(prog="gpt2_cost.py", description="GPT-2 (124M) as T2R: memory from its shapes, CPU speed.")
+    p.add_argument("--memory_only", action="store_true", help="print the memory figures and stop")
+    p.add_argument("--repeats", type=positive_int, default=2, help="finetuning steps timed after the warm-up")
+    args = p.parse_args(argv)
+    config = hf.gpt2_config(hf.GPT2, "GPT-2 (124M)")
+    for what, size in memory(config).items():
+        print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
+    if args.memory_only:
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; random weights of GPT-2's shape")
+    torch.manual_seed(0)
+    teacher = TransformerLM(config)
+    student = convert(teacher, "t2r", FEATURE_SIZE)  # chunked: the form that finetunes
+    for name, model in (("softmax", teacher), (f"t2r k={FEATURE_SIZE}", student)):
+        print(f"finetuning step, batch 1 x 512 | {name} | {step_seconds(model, args.repeats):.2f} s", flush=True)
+    with torch.no_grad():
+        for name, model in (("softmax, KV cache", teacher.eval()), (f"t2r k={FEATURE_SIZE}, folded", fold(student))):
+            rate, first, last = decoding(model)
+            print(f"greedy decoding of {LENGTH} tokens, batch 1 | {name} | {rate:.1f} tokens/s | "
+                  f"{1000 * first:.1f} ms a token at 32, {1000 * last:.1f} ms at {LENGTH}", flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)
