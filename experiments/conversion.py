@@ -99,7 +99,8 @@ def table(task: str, teacher: Run, students: list) -> list:
     what = "test perplexity (PTB)" if task == "lm" else "test BLEU (LibreOffice en-de)"
     teacher_results = read_json(os.path.join(teacher.out_dir, "results.json"))
     measured = read_json(os.path.join(students[-1].out_dir, "machine.json"))
-    lines = [f"Measured on {measured['device']} ({measured['threads']} threads), {measured['date']}.", "",
+    lines = [f"Measured on {measured['device']} ({measured['threads']} thread{'s' * (measured['threads'] != 1)}), "
+             f"{measured['date']}.", "",
              f"| {task.upper()} {what} | after the swap | after transfer | after finetuning | transfer + finetuning "
              f"minutes |", "|---|---|---|---|---|",
              f"| softmax teacher | - | - | {score(teacher_results, task)} | {teacher_results['train_minutes']:.1f} |"]
