@@ -250,7 +250,8 @@ def machine_line(device) -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return (f"CPU {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+    threads = torch.get_num_threads()
+    return (f"CPU {cpu}, {threads} thread{'s' * (threads != 1)}, torch {torch.__version__}, "
             f"Python {platform.python_version()}")
 
 

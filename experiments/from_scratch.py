@@ -63,7 +63,7 @@ def bench(out_dir: str, quick: bool, dry_run: bool) -> str:
     cmd = [sys.executable, os.path.join(ROOT, "bench.py"), "--only", "gen,memory,train_lm", "--models",
            ",".join(sorted({model for _, model in ROWS.values()})), "--lengths", lengths, "--batch_sizes", "1",
            "--memory_length", lengths.split(",")[-1], "--train_lengths", lengths.split(",")[0],
-           "--out_dir", out_dir] + (["--quick"] if quick else [])
+           "--out_dir", os.path.relpath(out_dir, ROOT)] + (["--quick"] if quick else [])  # run from ROOT
     print(f"bench: {'done' if os.path.isfile(path) else 'todo'} | {' '.join(cmd[1:])}", flush=True)
     if not dry_run and not os.path.isfile(path):
         if subprocess.run(cmd, cwd=ROOT).returncode != 0:
@@ -113,9 +113,10 @@ def write_report(path: str, runs: list, bench_csv: str, lengths: tuple, quick: b
     text = ["# Convert, or train an RNN from scratch: SRU++ beside T2R", "",
             f"`python experiments/from_scratch.py{' --quick' if quick else ''}` on {m['device']}, torch {m['torch']}, "
             f"report written {m['date']}. Runs: PTB, train_lm.py's defaults; the bench columns: `bench.py` at batch 1 "
-            f"with the same width and depth ({bench_csv}). Train minutes are wall time over the sessions a run took, "
-            f"on a machine doing other work beside it: the bench columns, measured alone, are the speeds to "
-            f"compare.", ""] + table(runs, bench_csv, lengths)
+            f"with the same width and depth ({os.path.relpath(bench_csv, ROOT)}). Train minutes are wall time over "
+            f"the sessions a run took, on a machine that may have done other work beside it: the bench columns, "
+            f"every model measured in one run, one after another, are the speeds to compare.", ""]
+    text += table(runs, bench_csv, lengths)
     with atomic_write(path) as tmp, open(tmp, "w") as f:
         f.write("\n".join(text) + "\n")
     print("\n".join(text))
