@@ -72,7 +72,8 @@ def main(argv=None):
         print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
     if args.memory_only:
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; random weights of GPT-2's shape")
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}; random weights of GPT-2's shape")
     torch.manual_seed(0)
     teacher = TransformerLM(config)
     student = convert(teacher, "t2r", FEATURE_SIZE)  # chunked: the form that finetunes
