@@ -77,10 +77,10 @@ def test_markdown_ratios_and_plots(quick_run):
     text = (out_dir / "bench.md").read_text()
     assert "| ratio | measured | goal | verdict |" in text and "| softmax_kv |" in text and "## How it measures" in text
     for b in (1, 16):  # the floors were run: their ratios are numbers, not n/a
-        start = f"| t2r32 step / proj_only step (tokens/s at 64), batch {b} |"
+        start = f"| t2r32 step / proj_only step (tokens/s at 32), batch {b} |"
         line = next(x for x in text.splitlines() if x.startswith(start))
         assert float(line.split("|")[2]) > 0, line
-        assert f"ratio: t2r32 step / floor step (tokens/s at 64), batch {b}: " in stdout
+        assert f"ratio: t2r32 step / floor step (tokens/s at 32), batch {b}: " in stdout
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = sorted(p.name for p in out_dir.glob("*.png"))
         assert {"gen_tokens_per_s.png", "gen_latency.png", "gen_memory.png", "train.png"} <= set(pngs), pngs

@@ -234,7 +234,7 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
             assert flags["attn"] == ("t2r" if r.row["model"].startswith("t2r") else r.row["model"])
             assert flags.get("feature_size") == r.row["k"]
         assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
-    assert 4 * size["finetune_steps"] == size["pretrain_steps"]
+    assert 5 * size["finetune_steps"] == size["pretrain_steps"]  # finetuning: a fifth of the pretraining steps
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
     mt = study.mt_runs(str(tmp_path), study.MT_SIZES["full"])
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
@@ -267,8 +267,8 @@ def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
-    assert "36 runs, 0 already done" in result.stdout and "7 runs, 0 already done" in result.stdout
-    assert "[36/36] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
+    assert "43 runs, 0 already done" in result.stdout  # the language models and the translators, in one plan
+    assert "[36/43] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
     assert "recall probe: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
