@@ -25,6 +25,8 @@ signals = []
 signal.signal(signal.SIGINT, lambda *_: signals.append(1))
 start = time.time()
 open(os.path.join(out, "started"), "w").close()
+if flags.get("--interrupt_self"):
+    os.kill(os.getpid(), signal.SIGINT)
 while time.time() - start < float(flags["--seconds"]) and not signals:
     time.sleep(0.02)
 time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
@@ -77,6 +79,13 @@ def test_one_job_runs_the_plan_in_its_order(tmp_path):
     assert starts == sorted(starts)
 
 
+def test_a_run_interrupted_on_its_own_stops_the_study_saying_it_saved(tmp_path):
+    teacher = fake_plan(tmp_path, seconds=30)[0]
+    teacher.flags["interrupt_self"] = 1  # as `kill -INT` of the run itself
+    with pytest.raises(study.Interrupted, match="teacher was interrupted and saved its checkpoint"):
+        study.execute([teacher], dry_run=False, jobs=1)
+
+
 def test_a_failed_run_is_an_error_naming_its_log(tmp_path):
     teacher = fake_plan(tmp_path, seconds="not a number")[0]
     with pytest.raises(study.UserError, match="teacher failed .*teacher/train.log"):
@@ -89,17 +98,21 @@ def test_dry_run_starts_nothing(tmp_path):
     assert not any(os.path.exists(r.out_dir) for r in plan)
 
 
-def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tmp_path):
+@pytest.mark.parametrize("started_in_the_background", [False, True])
+def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tmp_path, started_in_the_background):
+    """As Ctrl-C in a terminal, or `kill -INT` of a study started with `nohup ... &`, where the shell makes the
+    study start with SIGINT ignored. The runs have sessions of their own: the study passes the signal on once."""
     fake_plan(tmp_path, seconds=60)  # writes the stand-in trainer
     driver = DRIVER.format(root=ROOT, experiments=os.path.join(ROOT, "experiments"),
                            script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path))
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_in_the_background else None
     process = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                               text=True, preexec_fn=ignore)
     deadline = time.time() + 30
     while not all((tmp_path / name / "started").exists() for name in ("teacher", "other")):
         assert time.time() < deadline and process.poll() is None, process.communicate()
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)  # as Ctrl-C in a terminal, where the runs have sessions of their own
+    process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 130
     assert stderr.strip().splitlines() == ["study interrupted: every run saved its checkpoint; rerun the same "

@@ -15,8 +15,8 @@ machine, a conversion starting once its teacher is done. After the runs come the
 results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables, plots
 and claims of results/README.md.
 
-The sizes are chosen so that the teachers train to their plateau: about 10 hours on a 2-core CPU, two runs at a
-time (estimated from the speed of its first runs, 2,000-2,200 tokens/s each; 1200 steps, half of them, left the
+The sizes are chosen so that the teachers train to their plateau: about 8 hours on a 2-core CPU, two runs at a
+time (estimated from the speed of its first runs, 2,700-3,000 tokens/s each; 1200 steps, half of them, left the
 teacher short of the convergence rule). The claims it tests are orderings and ratios, not the paper's absolute
 numbers.
 """
@@ -194,6 +194,8 @@ def start(run: Run, threads: int):
 
 
 def finish(run: Run, returncode: int, seconds: float):
+    if returncode == 130:  # Ctrl-C sent to the run itself: it saved its checkpoint
+        raise Interrupted(f"{run.name} was interrupted and saved its checkpoint: rerun the same command to continue")
     if returncode != 0:
         raise UserError(f"{run.name} failed (exit {returncode}); see {run.out_dir}/train.log, "
                         f"then rerun this command to continue")
@@ -211,6 +213,9 @@ def execute(runs: list, dry_run: bool, jobs: int = 1):
         print(f"[{i}/{len(runs)}] {run.name}: {run_state(run.out_dir)} | "
               f"{' '.join(shorten(c) for c in command(run)[1:])}", flush=True)
     threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // jobs)
+    # started in the background (nohup ... &), a shell hands Python SIGINT ignored: take it back, so that
+    # `kill -INT` stops the study as Ctrl-C does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     running = {}  # Popen -> (run, start time)
     try:
         while todo and not dry_run or running:
