@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import job
+import train_lm
 from conftest import ROOT, run, write_corpus
 from runtime import UserError
 
@@ -48,12 +50,13 @@ def test_the_accuracy_scores_the_spans_next_tokens(shift, expected):
     assert recall.accuracies(Predicts(x, shift), x, SPAN, batch_size=3) == expected
 
 
-def test_the_script_probes_every_model_on_the_same_sequences(tmp_path):
+def test_the_script_probes_every_model_on_the_same_sequences(tmp_path, monkeypatch):
     corpus = write_corpus(str(tmp_path / "tiny"))
     flags = ["--dataset", corpus, "--n_layer", "1", "--d_model", "16", "--n_head", "2", "--block_size", "16",
              "--max_steps", "2", "--eval_context", "16", "--eval_score", "8", "--eval_windows", "2"]
-    run("train_lm.py", *flags, "--out_dir", "softmax", cwd=tmp_path)
-    run("train_lm.py", *flags, "--attn", "t2r", "--feature_size", "4", "--out_dir", "t2r", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)  # the two models trained in this process, for speed
+    for extra in (["--out_dir", "softmax"], ["--attn", "t2r", "--feature_size", "4", "--out_dir", "t2r"]):
+        job.main_job(train_lm.LMTask, train_lm.get_args([*flags, *extra]))
     out = run("experiments/recall.py", "--ckpt", "softmax/model.pt", "--ckpt", "t2r/model.pt", "--distances", "4,16",
               "--samples", "8", "--span", "4", "--out", "recall.csv", cwd=tmp_path).stdout
     print(out)

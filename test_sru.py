@@ -6,10 +6,12 @@ SRU++ through the scripts: train_lm.py --arch sru++ resumes exactly, generate.py
 """
 
 import json
+import os
 
 import pytest
 import torch
 
+import job
 import sru
 import train_lm
 from conftest import assert_flags_refused, assert_one_line_error, report, run, write_corpus
@@ -154,9 +156,14 @@ def sru_runs(tmp_path_factory):
     """train_lm.py --arch sru++ straight through, and stopped at step 3 then resumed."""
     tmp = tmp_path_factory.mktemp("sru")
     corpus = write_corpus(str(tmp / "tiny"))
-    run("train_lm.py", "--dataset", corpus, *SRU_TINY, cwd=tmp)
-    run("train_lm.py", "--dataset", corpus, *SRU_TINY, "--out_dir", "split", "--stop_at", "3", cwd=tmp)
-    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp)
+    here = os.getcwd()
+    os.chdir(tmp)  # in this process, for speed: the runs' relative paths (out/, data/cache) land in tmp
+    try:
+        for argv in (["--dataset", corpus, *SRU_TINY], ["--dataset", corpus, *SRU_TINY, "--out_dir", "split",
+                                                        "--stop_at", "3"], ["--resume", "--out_dir", "split"]):
+            job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+    finally:
+        os.chdir(here)
     return tmp
 
 
