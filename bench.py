@@ -1,25 +1,26 @@
 """
 Speed and memory of softmax attention against T2R as the sequence grows (Kasai et al., 2021, section 3.3,
 Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
-memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt. SRU++ (sru.py) of the
-LM's width and depth runs beside them, with attention in every layer and in the top one only.
+memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
+translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them.
 
-    python bench.py                          # everything: about 30-45 minutes on an idle 2-core CPU
+    python bench.py                          # everything: about 45 minutes on an idle 2-core CPU
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
-    python bench.py --only gen,memory        # sections: gen (LM), s2s (translator), memory, train
+    python bench.py --only gen,memory        # sections: gen (LM), s2s (translator), memory, train, mt
     python bench.py --lengths 128,512,2048 --batch_sizes 16 --out_dir out/bench-small
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
+    python bench.py --mt_runs out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained
 
 Outputs in --out_dir (default results/bench; with --quick, out/bench-quick):
   bench.csv   one row per measurement, columns: section,model,batch,length,metric,value,unit,device
   bench.md    the ratios (T2R against softmax and against the floors), every table, the models, and
-              "How it measures" (timers, memory readings); bench_tools.py writes it and the plots
-  *.png       gen_tokens_per_s, gen_latency, gen_memory, train (needs matplotlib)
-
+              "How it measures" (timers, memory readings); bench_report.py writes it and the plots
+  *.png       gen_tokens_per_s, gen_latency, gen_memory, s2s_crossover, train (needs matplotlib)
 Run it on an otherwise idle machine: other processes on the same cores distort every number.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -29,18 +30,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bench_tools import (NoAttention, PeakMemory, ProjectionsOnly, StepTimer, cuda_reset, machine_line, memory_readings,
-                         replace_self_attention, value, write_all)
+from bench_report import machine_line, value, write_all
+from bench_tools import (NoAttention, ProjectionsOnly, StepTimer, cuda_reset, latency_at, measure_step, memory_readings,
+                         replace_self_attention, row, sru_theory_ratio, theory_ratio)
 from sru import SRUConfig, SRUppLM
+from fast_step import CapturedStep, FastStep
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold, state_bytes
+from translate import measure_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
 
-# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is).
+# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). Every model steps with
+# fast_step.py (FastStep), but t2r32_reference (t2r.py's step), t2r32_graph (CUDA graph) and SRU++ (its own step).
 LM_MODELS = {
     "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
     "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
                           "(Katharopoulos et al.'s baseline), up to --recompute_max"),
     "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
+    "t2r32_reference": ("t2r", 32, True, "t2r32 through t2r.py's step (Eqs. 5-7 as written), not fast_step.py's"),
+    "t2r32_graph": ("t2r", 32, True, "t2r32's fast step recorded once as a CUDA graph and replayed (CUDA only)"),
     "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
     "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
                        "layers are not folded: their softmax needs q and k)"),
@@ -49,8 +56,8 @@ LM_MODELS = {
     "elu": ("elu", 32, False, "ELU + 1 feature map (k = d = 64)"),
     "rfa32": ("rfa", 32, False, "random feature attention, k = 32"),
     "floor": ("t2r", 32, True, "t2r32 with every self-attention removed (its step returns zeros)"),
-    "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the q, k, v and output projections "
-                  "but not the attention: the cost of the weights alone"),
+    "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the same stacked q, k, v projection and the "
+                  "output projection, but not the attention: the cost of the weights alone"),
 }
 # SRU++ of the LM's width and depth: name -> (attention in every layer, or in the top one only; what it is).
 SRU_MODELS = {
@@ -75,11 +82,12 @@ TRAIN_MODELS = {
 }
 WINDOW = 64  # the W of the window models
 GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
-SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm")
-FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", recompute_max=512, memory_length=4096,
+SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm", "mt")  # mt: with --mt_runs
+FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
+            "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, out_dir="results/bench")
-QUICK = dict(lengths="16,32", batch_sizes="1,16", recompute_max=16, memory_length=256,
-             train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
+QUICK = dict(lengths="16,32", batch_sizes="1,16", s2s_lengths="16,32", s2s_batch_sizes="16", recompute_max=16,
+             memory_length=256, train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
 
 
 def int_list(text: str) -> list:
@@ -107,7 +115,15 @@ def make_parser() -> Parser:
     p.add_argument("--batch_sizes", type=int_list, default=None, help="LM generation batch sizes (1,16)")
     p.add_argument("--s2s_lengths", type=int_list, default=None,
                    help="source = target lengths of the translator (default: --lengths)")
-    p.add_argument("--s2s_batch", type=int, default=16, help="translator batch size (Fig. 2: 16)")
+    p.add_argument("--s2s_batch_sizes", type=int_list, default=None, help="translator batch sizes (Fig. 2: 16)")
+    p.add_argument("--s2s_max_tokens", type=int, default=65536,
+                   help="translator runs of batch x length above this are left out (a KV cache of batch 64 at 4096 "
+                   "tokens reads gigabytes a step)")
+    p.add_argument("--mt_runs", type=lambda s: [d for d in s.split(",") if d], default=[],
+                   help="comma-separated train_mt.py run folders: their greedy and beam decoding of their own test "
+                   "sentences, batch 16 (section mt; one softmax run and one converted, e.g. "
+                   "out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained)")
+    p.add_argument("--mt_sentences", type=int, default=500, help="test sentences each --mt_runs run decodes")
     p.add_argument("--recompute_max", type=int, default=None,
                    help="longest length of softmax_recompute, which is quadratic per token (512)")
     p.add_argument("--memory_length", type=int, default=None, help="tokens of the state-size comparison (4096)")
@@ -130,15 +146,17 @@ def get_args(argv=None):
     for name, default in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, int_list(default) if name.endswith(("lengths", "sizes")) else default)
-    if args.s2s_lengths is None:
-        args.s2s_lengths = args.lengths
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     args.only = [s for o in only for s in (("train_attn", "train_lm") if o == "train" else (o,))]
     for section in args.only:
         if section not in SECTIONS:
             p.error(f"unknown section {section!r} in --only: choose among {', '.join(SECTIONS)}")
-    for name in ("s2s_batch", "recompute_max", "memory_length", "train_batch", "quadratic_max", "repeats",
-                 "gen_repeats"):
+    for run in args.mt_runs:
+        if not all(os.path.isfile(os.path.join(run, f)) for f in ("model.pt", "args.json")):
+            p.error(f"--mt_runs {run}: no model.pt and args.json there (a finished train_mt.py run)")
+    args.only += ["mt"] if args.mt_runs and "mt" not in args.only else []
+    for name in ("mt_sentences", "s2s_max_tokens", "recompute_max", "memory_length", "train_batch", "quadratic_max",
+                 "repeats", "gen_repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -147,6 +165,8 @@ def get_args(argv=None):
             p.error(f"unknown model {name!r} in --models: choose among {', '.join(GEN_MODELS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
+    if "t2r32_graph" in args.models and (args.device == "cpu" or not torch.cuda.is_available()):
+        p.error("--models t2r32_graph: CUDA graphs need a CUDA device")
     return args
 
 
@@ -191,7 +211,11 @@ def build_lm(name: str, args):
         model = replace_self_attention(model, lambda attn: NoAttention())
     if name == "proj_only":
         model = replace_self_attention(model, ProjectionsOnly)
-    return model.to(args.device), "recompute" if name == "softmax_recompute" else "step"
+    model = model.to(args.device)
+    if name == "softmax_recompute" or name.endswith("_reference"):
+        return model, "recompute" if name == "softmax_recompute" else "step"
+    fast = FastStep(model)
+    return (CapturedStep(fast, max(args.lengths) + 16) if name.endswith("_graph") else fast), "step"
 
 
 def build_s2s(name: str, args):
@@ -199,29 +223,11 @@ def build_s2s(name: str, args):
     config = lm_config(args, n_encoder_layer=lm_config(args).n_layer, attn=kind, feature_size=self_k,
                        cross_attn=kind, cross_feature_size=cross_k)
     model = Seq2SeqTransformer(config).eval()
-    return (fold(model) if folded else model).to(args.device), "step"
+    return FastStep((fold(model) if folded else model).to(args.device)), "step"
 
 
 # -----------------------------------------------------------------------------
 # Generation and the attention state
-
-def theory_ratio(n: int, d_model: int, n_head: int, k: int, window: int = 0) -> float:
-    """KV cache over RNN state, per layer: 2 N h (keys and values) / (r (k (d + 1) + 2 W d)) (S: k x d and z: k
-    per head, and a window's ring buffer of W keys and values)."""
-    d = d_model // n_head
-    return 2 * n * d_model / (n_head * (k * (d + 1) + 2 * window * d))
-
-
-def sru_theory_ratio(n: int, config: SRUConfig) -> float:
-    """KV cache of the transformer over SRU++'s state: 2 N h L / (L h + a 2 N d') (c per layer, and the keys and
-    values of the a attention layers)."""
-    attending = sum(config.has_attention(i) for i in range(config.n_layer))
-    return 2 * n * config.d_model * config.n_layer / (config.n_layer * config.d_model + attending * 2 * n * config.d_attn)
-
-
-def row(section, model, batch, length, metric, value, unit) -> dict:
-    return dict(section=section, model=model, batch=batch, length=length, metric=metric, value=value, unit=unit)
-
 
 @torch.no_grad()
 def generate(model, mode, batch, n_steps, device, src=None, checkpoints=(), seed=0):
@@ -256,11 +262,6 @@ def generate(model, mode, batch, n_steps, device, src=None, checkpoints=(), seed
     return times[1:], times[0], snapshots
 
 
-def latency_at(times, position, window=32):
-    """Median seconds of the steps that produced tokens position-window+1 .. position."""
-    return statistics.median(times[max(0, position - window): position])
-
-
 def time_generation(section, name, model, mode, batch, lengths, args, rows) -> dict:
     """Add the rows of one model at every length; returns the latency at each. The LM: one run to the longest
     length, every shorter one is a prefix of it. The translator: one run per length, its source as long as its
@@ -287,11 +288,12 @@ def time_generation(section, name, model, mode, batch, lengths, args, rows) -> d
     return latencies
 
 
-def bench_generation(section, names, batch_sizes, lengths, args, rows, make, limits=None):
-    """Every model (or those of --models) at every batch size and length (up to its limit, if any)."""
+def bench_generation(section, names, batch_sizes, lengths, args, rows, make, limits=None, max_tokens=None):
+    """Every model (or those of --models) at every batch size and length (up to its limit, and to max_tokens
+    tokens in the batch, if any)."""
     for batch in batch_sizes:
         for name in [n for n in names if not args.models or n in args.models]:
-            n = min(max(lengths), (limits or {}).get(name, max(lengths)))
+            n = min(max(lengths), (limits or {}).get(name, max(lengths)), (max_tokens or batch * max(lengths)) // batch)
             todo = [L for L in lengths if L <= n]
             if not todo:
                 continue
@@ -329,6 +331,20 @@ def bench_memory(args, rows):
     for name in SRU_MODELS:  # c is constant, the attention layers' caches grow
         model, size = state_after(name, N)
         record(name, size, sru_theory_ratio(N, model.config))
+
+
+def bench_translators(args, rows):
+    """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5."""
+    for run in args.mt_runs:
+        config = load_checkpoint(os.path.join(run, "model.pt"))["config"]
+        kinds = sorted(set(Config(**config).layer_kinds()) | {config.get("cross_attn", "softmax")})
+        name = "+".join(kinds) + ("_window" if config.get("window") else "")
+        for beam, metric in ((1, "tokens_per_s"), (5, "beam5_tokens_per_s")):
+            result = measure_run(run, args.device, 16, 3, beam, args.mt_sentences)
+            rows.append(row("mt", name, 16, 0, metric, result["tokens_per_s"], "tok/s"))
+            passes = ", ".join(f"{r:.0f}" for r in result["tokens_per_s_passes"])
+            print(f"mt   {name:17s} beam {beam}: {result['tokens_per_s']:7.0f} tok/s, the median of {passes} "
+                  f"({run})", flush=True)
 
 
 # -----------------------------------------------------------------------------
@@ -374,25 +390,6 @@ def training_step(section, name, L, args):
     return step
 
 
-def measure_step(step, args) -> tuple:
-    """(median ms of --repeats steps after a warmup, peak bytes of one more step)."""
-    step()
-    timer = StepTimer(args.device)
-    timer.mark()
-    for _ in range(args.repeats):
-        step()
-        timer.mark()
-    ms = 1e3 * statistics.median(timer.intervals())
-    if args.device.type == "cuda":
-        baseline = cuda_reset(args.device)
-        step()
-        torch.cuda.synchronize()
-        return ms, torch.cuda.max_memory_allocated() - baseline
-    with PeakMemory() as pm:
-        step()
-    return ms, pm.peak
-
-
 def bench_training(section, args, rows):
     for L in args.train_lengths:
         for name in TRAIN_MODELS:
@@ -425,16 +422,17 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     print(f"bench: {machine_line(args.device)}", flush=True)
     start = time.perf_counter()
-    rows = []
+    rows, lm_models = [], [n for n in LM_MODELS if not n.endswith("_graph") or args.device.type == "cuda"]
     sections = {
-        "gen": lambda: bench_generation("gen", [*LM_MODELS, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
+        "gen": lambda: bench_generation("gen", [*lm_models, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
                                         lambda name: build_lm(name, args),
                                         limits={"softmax_recompute": args.recompute_max}),
-        "s2s": lambda: bench_generation("s2s", S2S_MODELS, [args.s2s_batch], args.s2s_lengths, args, rows,
-                                        lambda name: build_s2s(name, args)),
+        "s2s": lambda: bench_generation("s2s", S2S_MODELS, args.s2s_batch_sizes, args.s2s_lengths, args, rows,
+                                        lambda name: build_s2s(name, args), max_tokens=args.s2s_max_tokens),
         "memory": lambda: bench_memory(args, rows),
         "train_attn": lambda: bench_training("train_attn", args, rows),
         "train_lm": lambda: bench_training("train_lm", args, rows),
+        "mt": lambda: bench_translators(args, rows),
     }
     for section, run in sections.items():
         if section in args.only:

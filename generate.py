@@ -6,6 +6,8 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
+    python generate.py --step reference                      # t2r.py's step (Eqs. 5-7 as written), not fast_step.py's
+    python generate.py --compile --num_tokens 2000           # the fast step through torch.compile
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (hf.py): at most 1024 positions
 
 T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k. SRU++ checkpoints
@@ -19,6 +21,7 @@ import torch
 
 import data
 from sru import SRUConfig
+from fast_step import CapturedStep, FastStep
 from t2r import fold, state_bytes
 from train_lm import data_identity
 from training import check_identity
@@ -37,10 +40,19 @@ def get_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
+    p.add_argument("--step", default="auto", choices=["auto", "fast", "reference", "graph"],
+                   help="the recurrent step: fast (fast_step.py), reference (t2r.py's, as the paper reads), graph (the "
+                   "fast step recorded once as a CUDA graph; CUDA only); auto: graph where it can run, else fast")
+    p.add_argument("--compile", action="store_true", help="torch.compile the fast step (--step fast or auto)")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.compile and args.step not in ("auto", "fast"):
+        p.error(f"--compile compiles the fast step: it cannot go with --step {args.step}")
+    if args.mode == "recompute" and (args.step != "auto" or args.compile):
+        p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
+    return args
 
 
 def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
@@ -115,6 +127,36 @@ def print_state_size(model, state, batch_size: int, length: int):
           f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
 
 
+def make_decoder(model, args, device, length: int):
+    """What runs the recurrent step (--step): t2r.py's model itself, FastStep, or FastStep recorded as a CUDA graph
+    of `length` steps. SRU++ has its own step only."""
+    if isinstance(model.config, SRUConfig) or args.step == "reference":
+        if args.step in ("fast", "graph") or args.compile:
+            raise UserError("SRU++ steps with its own step only: use --step reference, without --compile")
+        return model
+    fast = FastStep(model, compile=args.compile)
+    if args.step == "fast" or (args.step == "auto" and (device.type != "cuda" or args.compile)):
+        return fast
+    try:
+        return CapturedStep(fast, length)
+    except ValueError as error:
+        if args.step == "graph":
+            raise UserError(f"--step graph: {error}") from None
+        return fast  # auto: a KV cache grows, so it cannot be recorded; the eager fast step runs it
+
+
+def pick_run(model, args, device, length: int):
+    """The generation function of --mode (and --step), after a line that says what generates, and how."""
+    what, form = describe(model)
+    if args.mode == "recompute":
+        print(f"{args.ckpt}: {what}, mode recompute")
+        return lambda *rest: generate_recompute(model, *rest)
+    decoder = make_decoder(model, args, device, length)
+    step = {FastStep: "fast step", CapturedStep: "CUDA graph of the fast step"}.get(type(decoder), "t2r.py's step")
+    print(f"{args.ckpt}: {what}, mode recurrent with a {form}, {step}")
+    return lambda *rest: generate_recurrent(decoder, *rest)
+
+
 def describe(model) -> tuple[str, str]:
     """What generates (its attention, or SRU++), and the state its recurrent mode keeps."""
     c = model.config
@@ -163,12 +205,10 @@ def main():
             print(lm.decode(recent)[len(before):], end="", flush=True)
             del recent[:-7]
 
-    what, form = describe(model)
-    print(f"{args.ckpt}: {what}, mode {args.mode}{' with a ' + form if args.mode == 'recurrent' else ''}")
+    run = pick_run(model, args, device, prompt.shape[1] + args.num_tokens)
     print(lm.decode(ids), end="", flush=True)
-    run = generate_recurrent if args.mode == "recurrent" else generate_recompute
     start = time.time()
-    tokens, logits, state = run(model, prompt, args.num_tokens, pick, stream, keep_logits=args.check)
+    tokens, logits, state = run(prompt, args.num_tokens, pick, stream, args.check)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - start

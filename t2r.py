@@ -405,6 +405,21 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
+def append_to_cache(state, k, v):
+    """Write k, v (B, H, 1, d) at position state['length'] of the KV cache; returns the keys and values so far.
+    A full cache doubles its capacity: amortised O(1) per token instead of a copy of the whole cache each step."""
+    t = state["length"]
+    if t == state["k"].shape[2]:
+        for name in ("k", "v"):
+            cache = state[name]
+            grown = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
+            grown[:, :, :t] = cache
+            state[name] = grown
+    state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
+    state["length"] = t + 1
+    return state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]
+
+
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
 
@@ -428,18 +443,8 @@ class SoftmaxAttention(Attention):
 
     def step(self, x, state):
         q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, d)
-        t = state["length"]
-        if t == state["k"].shape[2]:  # full: double the capacity
-            for name in ("k", "v"):
-                cache = state[name]
-                grown = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
-                grown[:, :, :t] = cache
-                state[name] = grown
-        state["k"][:, :, t] = k[:, :, 0]
-        state["v"][:, :, t] = v[:, :, 0]
-        state["length"] = t + 1
-        out = F.scaled_dot_product_attention(q, state["k"][:, :, : t + 1], state["v"][:, :, : t + 1])
-        return self.merge(out)[:, 0]
+        keys, values = append_to_cache(state, k, v)
+        return self.merge(F.scaled_dot_product_attention(q, keys, values))[:, 0]
 
     def init_cross_state(self, source, key_mask):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))

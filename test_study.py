@@ -1,5 +1,5 @@
 """Tests of the reproduction study's own code: the attention analysis (analyze_attention.py), the plan and
-its bookkeeping (experiments/study.py: run states, gathering the CSVs), the speed probe (experiments/speed.py)
+its bookkeeping (experiments/study.py: run states, gathering the CSVs), the speed probe (translate.measure_run)
 and the report (experiments/report.py: tables, plots and the page; the verdicts themselves: test_claims.py).
 
     python -m pytest -q -s test_study.py
@@ -22,12 +22,11 @@ import mt_data
 from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
 from runtime import UserError
 from t2r import Config, Seq2SeqTransformer, TransformerLM
-from translate import greedy_decode
+from translate import decode_speed, greedy_decode, measure_run
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import report as study_report  # noqa: E402  (conftest's report() prints a difference)
 import gather  # noqa: E402
-import speed  # noqa: E402
 import study  # noqa: E402
 
 
@@ -170,14 +169,14 @@ def tiny_t2r_translator(tokenizer):
     return Seq2SeqTransformer(config).eval()
 
 
-def test_greedy_speed_counts_every_generated_token():
+def test_decode_speed_counts_every_generated_token():
     """The count is every hypothesis token plus its </s>, over batches of 16 in length order."""
     pairs = [("Click the button to open the dialog.", "Klicken Sie auf die Schaltfläche."),
              ("Change size", "Größe ändern"), ("Open the file", "Datei öffnen")] * 8
     tokenizer = mt_data.train_joint_bpe(pairs, 300)
     model = tiny_t2r_translator(tokenizer)
     sentences = [s for s, _ in pairs][:20] + [""]  # 20 sentences (one batch of 16, one of 4) and an empty line
-    result = speed.greedy_speed(model, tokenizer, sentences, torch.device("cpu"), batch_size=16)
+    result = decode_speed(model, tokenizer, sentences, torch.device("cpu"), batch_size=16)
     ids = sorted(mt_data.encode(tokenizer, sentences[:20]), key=len)
     expected = sum(len(h) + 1 for start in (0, 16) for h in greedy_decode(model, mt_data.pad(ids[start:start + 16])))
     print(result)
@@ -193,7 +192,7 @@ def test_speed_of_a_run_folder_is_the_median_of_its_passes(tmp_path):
                tmp_path / "model.pt")
     (tmp_path / "args.json").write_text(json.dumps(dict(dataset=corpus, src="en", tgt="de", data_dir=None,
                                                         bleu_sentences=20, max_len_a=1.5, max_len_b=4)))
-    result = speed.measure(str(tmp_path), torch.device("cpu"), batch_size=8, passes=3)
+    result = measure_run(str(tmp_path), torch.device("cpu"), batch_size=8, passes=3)
     print(result)
     assert result["sentences"] == 20 and result["batch_size"] == 8 and len(result["tokens_per_s_passes"]) == 3
     assert result["tokens_per_s"] == sorted(result["tokens_per_s_passes"])[1]

@@ -10,6 +10,7 @@ folded first (Eq. 8). train_mt.py uses the same functions for its BLEU scores.
 """
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 import mt_data
 from mt_data import BOS_ID, EOS_ID, PAD_ID
+from fast_step import FastStep
 from t2r import fold, reorder_state
 from runtime import (Parser, UserError, device_name, finite_float, get_device, load_checkpoint, model_from_checkpoint,
                      non_negative_float, positive_int, run_main)
@@ -149,8 +151,9 @@ def sequence_log_probs(model, src, hypotheses: list) -> list:
 
 def translate_sentences(model, tokenizer, sentences: list, args, device, progress: bool = False) -> list:
     """Detokenized translations of sentences, in order. Empty lines give empty translations.
-    args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size."""
-    model.eval()
+    args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size, compile (train_mt.py's
+    --compile, which compiles training too)."""
+    decoder = FastStep(model.eval(), compile=bool(args.compile))  # t2r.py's step, fused: the same translations, faster
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
@@ -160,12 +163,63 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
         chunk = order[start: start + args.decode_batch_size]
         src = mt_data.pad([ids[i] for i in chunk]).to(device)
         if args.beam == 1:
-            hyps = greedy_decode(model, src, args.max_len_a, args.max_len_b)
+            hyps = greedy_decode(decoder, src, args.max_len_a, args.max_len_b)
         else:
-            hyps = [h[0] for h in beam_search(model, src, args.beam, args.lenpen, args.max_len_a, args.max_len_b)]
+            hyps = [h[0] for h in beam_search(decoder, src, args.beam, args.lenpen, args.max_len_a, args.max_len_b)]
         for i, hyp in zip(chunk, hyps):
             out[todo[i]] = mt_data.decode(tokenizer, hyp)
     return out
+
+
+def synchronize(device):
+    """Wait for queued GPU work, so that a clock read after it measures it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16, beam: int = 1, max_len_a=1.5,
+                 max_len_b=10) -> dict:
+    """Decoding speed on real sentences (greedy, or beam search of size beam): output tokens (</s> included,
+    padding not) per second of decoding, encoder included. Sentences go in order of length, as
+    translate_sentences batches them; the first batch runs once untimed (one-time costs: allocator, kernels)."""
+    decoder = FastStep(model.eval())
+    decode = (lambda src: greedy_decode(decoder, src, max_len_a, max_len_b)) if beam == 1 else \
+        (lambda src: [h[0] for h in beam_search(decoder, src, beam, 0.6, max_len_a, max_len_b)])
+    ids = sorted(mt_data.encode(tokenizer, [s for s in sentences if s.strip()]), key=len)
+    if ids:
+        decode(mt_data.pad(ids[:batch_size]).to(device))
+    tokens, seconds = 0, 0.0
+    for start in range(0, len(ids), batch_size):
+        src = mt_data.pad(ids[start: start + batch_size]).to(device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        hyps = decode(src)
+        synchronize(device)
+        seconds += time.perf_counter() - t0
+        tokens += sum(len(h) + 1 for h in hyps)  # + </s>
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else float("nan"),
+            "sentences": len(ids), "batch_size": batch_size, "beam": beam}
+
+
+def measure_run(out_dir: str, device, batch_size: int = 16, passes: int = 3, beam: int = 1, max_sentences: int = 0):
+    """decode_speed of a finished train_mt.py run on its own test sentences (its --bleu_sentences, or the first
+    max_sentences) with its length limits (args.json): the median of `passes` passes (one pass of ~15 s on a CPU
+    varies by several percent), and every pass's tokens/s."""
+    with open(os.path.join(out_dir, "args.json")) as f:
+        args = json.load(f)
+    model, tokenizer, _ = load_translator(os.path.join(out_dir, "model.pt"))
+    try:
+        corpus = mt_data.load_parallel(args["dataset"], args["src"], args["tgt"], args["data_dir"])
+    except mt_data.DataError as error:
+        raise UserError(str(error)) from None
+    sentences = [s for s, _ in corpus["test"][: max_sentences or args["bleu_sentences"] or None]]
+    model = inference_model(model.to(device))
+    runs = [decode_speed(model, tokenizer, sentences, device, batch_size, beam, args["max_len_a"], args["max_len_b"])
+            for _ in range(passes)]
+    median = sorted(runs, key=lambda p: p["tokens_per_s"])[len(runs) // 2]
+    return {**median, "tokens_per_s_passes": [p["tokens_per_s"] for p in runs]}
 
 
 # -----------------------------------------------------------------------------
@@ -254,6 +308,8 @@ def get_args(argv=None):
     p.add_argument("input", nargs="?", default="-", help="file to translate, one sentence per line (- or none: stdin)")
     p.add_argument("--ckpt", default="out/mt-libreoffice-en-de-t2r-pretrained/model.pt", help="model.pt of train_mt.py")
     p.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--compile", action="store_true", help="run the decoder's step through torch.compile "
+                   "(the first batches compile, the rest run faster)")
     add_decoding_flags(p)
     return p.parse_args(argv)
 

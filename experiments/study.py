@@ -11,7 +11,7 @@ skipped, a run with a ckpt.pt but no results.json is resumed, so an interrupted 
 `kill -INT` of this script: each run saves first) continues where it stopped. With --jobs 2 two runs share the
 machine, a conversion starting once its teacher is done. After the runs come the attention analysis
 (analyze_attention.py), the recall probe (experiments/recall.py) and the translation speed probe
-(experiments/speed.py, alone on the machine); then experiments/gather.py collects each run's results into
+(translate.measure_run, alone on the machine); then experiments/gather.py collects each run's results into
 results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables, plots
 and claims of results/README.md.
 
@@ -269,7 +269,7 @@ def read_json(path: str):
 
 # -----------------------------------------------------------------------------
 # The attention analysis (Figs. 5 and 6) of the language models, with analyze_attention.py, and the
-# translators' speed, with experiments/speed.py
+# translators' speed, with translate.measure_run
 
 def attention_checkpoints(runs: list) -> list:
     """(stage, k, run) for every T2R language model the analysis reads."""
@@ -330,9 +330,9 @@ def measure_speed(runs: list, dry_run: bool):
         print(f"speed {run.name}: {'done' if os.path.isfile(path) else 'todo'}", flush=True)
         if dry_run or os.path.isfile(path):
             continue
-        import speed
         from runtime import get_device
-        result = speed.measure(run.out_dir, get_device("auto"), SPEED_BATCH, SPEED_PASSES)
+        from translate import measure_run
+        result = measure_run(run.out_dir, get_device("auto"), SPEED_BATCH, SPEED_PASSES)
         write_json(path, {**result, **machine()})
         rates = ", ".join(f"{r:.0f}" for r in result["tokens_per_s_passes"])
         print(f"    {result['tokens_per_s']:.0f} tokens/s, the median of {rates} "
