@@ -6,8 +6,7 @@ translators on their own test sentences. SRU++ (sru.py) of the LM's width and de
 
     python bench.py                          # everything: about 45 minutes on an idle 2-core CPU
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
-    python bench.py --only gen,memory        # sections: gen (LM), s2s (translator), memory, train, mt
-    python bench.py --lengths 128,512,2048 --batch_sizes 16 --out_dir out/bench-small
+    python bench.py --only gen,memory --lengths 128,512 --out_dir out/bench-small   # sections: gen, s2s, memory, ...
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
     python bench.py --mt_runs out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained
 
@@ -39,8 +38,8 @@ from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, T
 from translate import measure_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
 
-# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). Every model steps with
-# fast_step.py (FastStep), but t2r32_reference (t2r.py's step), t2r32_graph (CUDA graph) and SRU++ (its own step).
+# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All step with fast_step.py
+# but *_reference (t2r.py's step), *_graph (CUDA only), *_compiled (torch.compile; not with --quick) and SRU++.
 LM_MODELS = {
     "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
     "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
@@ -48,6 +47,7 @@ LM_MODELS = {
     "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
     "t2r32_reference": ("t2r", 32, True, "t2r32 through t2r.py's step (Eqs. 5-7 as written), not fast_step.py's"),
     "t2r32_graph": ("t2r", 32, True, "t2r32's fast step recorded once as a CUDA graph and replayed (CUDA only)"),
+    "t2r32_compiled": ("t2r", 32, True, "t2r32's fast step through torch.compile"),
     "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
     "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
                        "layers are not folded: their softmax needs q and k)"),
@@ -58,6 +58,7 @@ LM_MODELS = {
     "floor": ("t2r", 32, True, "t2r32 with every self-attention removed (its step returns zeros)"),
     "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the same stacked q, k, v projection and the "
                   "output projection, but not the attention: the cost of the weights alone"),
+    "proj_only_compiled": ("t2r", 32, True, "proj_only through torch.compile"),
 }
 # SRU++ of the LM's width and depth: name -> (attention in every layer, or in the top one only; what it is).
 SRU_MODELS = {
@@ -209,12 +210,12 @@ def build_lm(name: str, args):
         model = fold(model)
     if name == "floor":
         model = replace_self_attention(model, lambda attn: NoAttention())
-    if name == "proj_only":
+    if name.startswith("proj_only"):
         model = replace_self_attention(model, ProjectionsOnly)
     model = model.to(args.device)
     if name == "softmax_recompute" or name.endswith("_reference"):
         return model, "recompute" if name == "softmax_recompute" else "step"
-    fast = FastStep(model)
+    fast = FastStep(model, compile=name.endswith("_compiled"))
     return (CapturedStep(fast, max(args.lengths) + 16) if name.endswith("_graph") else fast), "step"
 
 
@@ -422,7 +423,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     print(f"bench: {machine_line(args.device)}", flush=True)
     start = time.perf_counter()
-    rows, lm_models = [], [n for n in LM_MODELS if not n.endswith("_graph") or args.device.type == "cuda"]
+    rows, lm_models = [], [n for n in LM_MODELS if not (n.endswith("_graph") and args.device.type != "cuda")
+                           and not (n.endswith("_compiled") and args.quick)]
     sections = {
         "gen": lambda: bench_generation("gen", [*lm_models, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
                                         lambda name: build_lm(name, args),
