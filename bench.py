@@ -87,8 +87,8 @@ SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm", "mt")  # mt: with 
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, out_dir="results/bench")
-QUICK = dict(lengths="16,32", batch_sizes="1,16", s2s_lengths="16,32", s2s_batch_sizes="16", recompute_max=16,
-             memory_length=256, train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
+QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
+             memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
 
 
 def int_list(text: str) -> list:

@@ -80,10 +80,10 @@ def test_markdown_ratios_and_plots(quick_run):
     text = (out_dir / "bench.md").read_text()
     assert "| ratio | measured | goal | verdict |" in text and "| softmax_kv |" in text and "## How it measures" in text
     for b in (1, 16):  # the floors were run: their ratios are numbers, not n/a
-        start = f"| t2r32 step / proj_only step (tokens/s at 32), batch {b} |"
+        start = f"| t2r32 step / proj_only step (tokens/s at 16), batch {b} |"
         line = next(x for x in text.splitlines() if x.startswith(start))
         assert float(line.split("|")[2]) > 0, line
-        assert f"ratio: t2r32_reference step / t2r32 step (tokens/s at 32), batch {b}: " in stdout
+        assert f"ratio: t2r32_reference step / t2r32 step (tokens/s at 16), batch {b}: " in stdout
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = sorted(p.name for p in out_dir.glob("*.png"))
         assert {"gen_tokens_per_s.png", "gen_latency.png", "gen_memory.png", "s2s_crossover.png", "train.png"} \
@@ -148,8 +148,8 @@ def test_peak_memory_counts_new_tensors_only():
 
 
 def test_explicit_flags_win_over_quick():
-    args = bench.get_args(["--quick", "--lengths", "16,8", "--out_dir", "elsewhere", "--repeats", "5"])
-    assert (args.lengths, args.s2s_lengths, args.out_dir, args.repeats) == ([8, 16], [16, 32], "elsewhere", 5)
+    args = bench.get_args(["--quick", "--lengths", "32,4", "--out_dir", "elsewhere", "--repeats", "5"])
+    assert (args.lengths, args.s2s_lengths, args.out_dir, args.repeats) == ([4, 32], [8, 16], "elsewhere", 5)
     assert bench.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
 
 
