@@ -4,7 +4,7 @@ Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak mem
 memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
 translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them.
 
-    python bench.py                          # everything: about 45 minutes on an idle 2-core CPU
+    python bench.py                          # everything (bench.md says how long it took)
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
     python bench.py --only gen,memory --lengths 128,512 --out_dir out/bench-small   # sections: gen, s2s, memory, ...
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
