@@ -24,6 +24,7 @@ Build the decoder after the model has its final device and dtype: it stacks the 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
 
 from t2r import (LinearAttention, SoftmaxAttention, append_to_cache, full_precision, normalize, sinusoidal_positions,
                  state_dtype)
@@ -187,9 +188,8 @@ class FastStep:
     def reserve(self, length: int):
         """Make the position table cover positions 0 .. length - 1."""
         embed = self.model.embed
+        embed.check_end(length)
         if embed.pos is not None:
-            if length > embed.pos.num_embeddings:
-                raise ValueError(f"position {length - 1} is past the {embed.pos.num_embeddings} learned positions")
             self.table = embed.pos.weight
         elif self.table is None or len(self.table) < length:
             device = next(self.model.parameters()).device
@@ -234,13 +234,6 @@ class FastStep:
 # -----------------------------------------------------------------------------
 # CUDA graphs: a constant-size state is static memory, so one step can be recorded and replayed
 
-def state_tensors(state) -> list:
-    if torch.is_tensor(state):
-        return [state]
-    values = state.values() if isinstance(state, dict) else state if isinstance(state, list) else []
-    return [t for value in values for t in state_tensors(value)]
-
-
 class CapturedStep:
     """FastStep of a language model recorded once per batch size as a CUDA graph, and replayed at every token:
     one launch per token instead of one per operation. Only for constant-size states (every self-attention
@@ -278,8 +271,9 @@ class CapturedStep:
     def init_state(self, batch_size: int):
         if batch_size != self.batch_size:
             self.record(batch_size)
-        for tensor in state_tensors(self.state):  # the warm-up ran steps: start from position 0 again
-            tensor.zero_()
+        for leaf in tree_flatten(self.state)[0]:  # the warm-up ran steps: start from position 0 again
+            if torch.is_tensor(leaf):
+                leaf.zero_()
         self.steps = 0
         return self.state
 

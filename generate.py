@@ -130,9 +130,11 @@ def print_state_size(model, state, batch_size: int, length: int):
 def make_decoder(model, args, device, length: int):
     """What runs the recurrent step (--step): t2r.py's model itself, FastStep, or FastStep recorded as a CUDA graph
     of `length` steps. SRU++ has its own step only."""
-    if isinstance(model.config, SRUConfig) or args.step == "reference":
+    if isinstance(model.config, SRUConfig):
         if args.step in ("fast", "graph") or args.compile:
             raise UserError("SRU++ steps with its own step only: use --step reference, without --compile")
+        return model
+    if args.step == "reference":
         return model
     fast = FastStep(model, compile=args.compile)
     if args.step == "fast" or (args.step == "auto" and (device.type != "cuda" or args.compile)):

@@ -435,8 +435,7 @@ class SoftmaxAttention(Attention):
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         return scores.masked_fill(future, float("-inf")).softmax(-1)
 
-    # Recurrent form: a key/value cache that grows with t, allocated ahead and doubled when full
-    # (amortised O(1) per token instead of a torch.cat copy of the whole cache at every step).
+    # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
@@ -641,14 +640,17 @@ class Embedding(nn.Module):
         self.d_model, self.scale = config.d_model, math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.drop = nn.Dropout(config.dropout)
 
+    def check_end(self, end: int):
+        """Positions 0 .. end - 1 exist: a learned table has no row past its end (sinusoids have no end)."""
+        if self.pos is not None and end > self.pos.num_embeddings:
+            raise ValueError(f"position {end - 1} is past the {self.pos.num_embeddings} learned positions")
+
     def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
         if self.pos is None:
             return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
-        if start + tokens.shape[1] > self.pos.num_embeddings:  # a table has no row past its end
-            raise ValueError(f"position {start + tokens.shape[1] - 1} is past the {self.pos.num_embeddings} learned "
-                             f"positions")
+        self.check_end(start + tokens.shape[1])
         return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
 
 

@@ -100,6 +100,17 @@ def test_the_compiled_body_has_no_graph_break():
     assert report("traced fast step - t2r.py step (float32)", diff) < 1e-5
 
 
+def test_learned_positions_end_where_the_reference_ends():
+    """The same check as t2r.Embedding: a step past the learned table is refused, not read out of bounds."""
+    model = tiny_lm(positions="learned", max_positions=8, fold_it=True)
+    fast = FastStep(model)
+    state = fast.init_state(1)
+    for _ in range(8):
+        fast.step(torch.tensor([1]), state)
+    with pytest.raises(ValueError, match="position 8 is past the 8 learned positions"):
+        fast.step(torch.tensor([1]), state)
+
+
 def test_a_model_in_training_mode_is_refused():
     with pytest.raises(ValueError, match="model.eval"):
         FastStep(tiny_lm().train())

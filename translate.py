@@ -180,13 +180,13 @@ def synchronize(device):
 
 
 def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16, beam: int = 1, max_len_a=1.5,
-                 max_len_b=10) -> dict:
+                 max_len_b=10, lenpen=0.6) -> dict:
     """Decoding speed on real sentences (greedy, or beam search of size beam): output tokens (</s> included,
     padding not) per second of decoding, encoder included. Sentences go in order of length, as
     translate_sentences batches them; the first batch runs once untimed (one-time costs: allocator, kernels)."""
     decoder = FastStep(model.eval())
     decode = (lambda src: greedy_decode(decoder, src, max_len_a, max_len_b)) if beam == 1 else \
-        (lambda src: [h[0] for h in beam_search(decoder, src, beam, 0.6, max_len_a, max_len_b)])
+        (lambda src: [h[0] for h in beam_search(decoder, src, beam, lenpen, max_len_a, max_len_b)])
     ids = sorted(mt_data.encode(tokenizer, [s for s in sentences if s.strip()]), key=len)
     if ids:
         decode(mt_data.pad(ids[:batch_size]).to(device))
@@ -216,8 +216,8 @@ def measure_run(out_dir: str, device, batch_size: int = 16, passes: int = 3, bea
         raise UserError(str(error)) from None
     sentences = [s for s, _ in corpus["test"][: max_sentences or args["bleu_sentences"] or None]]
     model = inference_model(model.to(device))
-    runs = [decode_speed(model, tokenizer, sentences, device, batch_size, beam, args["max_len_a"], args["max_len_b"])
-            for _ in range(passes)]
+    runs = [decode_speed(model, tokenizer, sentences, device, batch_size, beam, args["max_len_a"], args["max_len_b"],
+                         args.get("lenpen", 0.6)) for _ in range(passes)]
     median = sorted(runs, key=lambda p: p["tokens_per_s"])[len(runs) // 2]
     return {**median, "tokens_per_s_passes": [p["tokens_per_s"] for p in runs]}
 
