@@ -2,13 +2,15 @@
 Speed and memory of softmax attention against T2R as the sequence grows (Kasai et al., 2021, section 3.3,
 Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
 memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
-translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them.
+translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them. On a GPU,
+the largest batch that fits at 8192 tokens (section capacity). The models: bench_models.py.
 
     python bench.py                          # everything (bench.md says how long it took)
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
     python bench.py --only gen,memory --lengths 128,512 --out_dir out/bench-small   # sections: gen, s2s, memory, ...
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
     python bench.py --mt_runs out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained
+    python bench.py --device cuda --dtype bfloat16   # a GPU: batch 1, 16, 256, training to 16384, capacity
 
 Outputs in --out_dir (default results/bench; with --quick, out/bench-quick):
   bench.csv   one row per measurement, columns: section,model,batch,length,metric,value,unit,device
@@ -26,67 +28,22 @@ import time
 from contextlib import nullcontext
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm, build_s2s,
+                          lm_config, train_model)
 from bench_report import machine_line, value, write_all
-from bench_tools import (NoAttention, ProjectionsOnly, StepTimer, cuda_reset, latency_at, measure_step, memory_readings,
-                         replace_self_attention, row, sru_theory_ratio, theory_ratio)
-from sru import SRUConfig, SRUppLM
-from fast_step import CapturedStep, FastStep
-from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold, state_bytes
+from bench_tools import (StepTimer, cuda_reset, largest_batch, latency_at, measure_step, memory_readings, row,
+                         steps_per_s, sru_theory_ratio, theory_ratio)
+from t2r import Config, state_bytes
 from translate import measure_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
 
-# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All step with fast_step.py
-# but *_reference (t2r.py's step), *_graph (CUDA only), *_compiled (torch.compile; not with --quick) and SRU++.
-LM_MODELS = {
-    "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
-    "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
-                          "(Katharopoulos et al.'s baseline), up to --recompute_max"),
-    "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
-    "t2r32_reference": ("t2r", 32, True, "t2r32 through t2r.py's step (Eqs. 5-7 as written), not fast_step.py's"),
-    "t2r32_graph": ("t2r", 32, True, "t2r32's fast step recorded once as a CUDA graph and replayed (CUDA only)"),
-    "t2r32_compiled": ("t2r", 32, True, "t2r32's fast step through torch.compile"),
-    "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
-    "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
-                       "layers are not folded: their softmax needs q and k)"),
-    "t2r4": ("t2r", 4, True, "T2R, k = 4, folded"),
-    "t2r4_unfolded": ("t2r", 4, False, "the same, not folded"),
-    "elu": ("elu", 32, False, "ELU + 1 feature map (k = d = 64)"),
-    "rfa32": ("rfa", 32, False, "random feature attention, k = 32"),
-    "floor": ("t2r", 32, True, "t2r32 with every self-attention removed (its step returns zeros)"),
-    "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the same stacked q, k, v projection and the "
-                  "output projection, but not the attention: the cost of the weights alone"),
-    "proj_only_compiled": ("t2r", 32, True, "proj_only through torch.compile"),
-}
-# SRU++ of the LM's width and depth: name -> (attention in every layer, or in the top one only; what it is).
-SRU_MODELS = {
-    "sru++": (False, "SRU++, one attention head of d' = d/4 in every layer: c and a d' KV cache per layer"),
-    "sru++_top": (True, "SRU++ with attention in the top layer only: c per layer and one d' KV cache"),
-}
-# The translators: name -> (attention, cross-attention k, causal self-attention k, folded, what it is).
-S2S_MODELS = {
-    "softmax_kv": ("softmax", 32, 32, False, "softmax with self and cross KV caches"),
-    "t2r32-4": ("t2r", 32, 4, True, "T2R, cross k = 32, causal k = 4, folded"),
-    "t2r32-4_unfolded": ("t2r", 32, 4, False, "the same, not folded"),
-    "elu": ("elu", 64, 64, False, "ELU + 1 (k = d = 64)"),
-    "rfa32-4": ("rfa", 32, 4, False, "random feature attention, cross k = 32, causal k = 4"),
-}
-TRAIN_MODELS = {
-    "softmax_sdpa": "softmax, F.scaled_dot_product_attention (a fused kernel)",
-    "softmax_math": "the same with the math backend, which forms the T x T matrix (up to --quadratic_max)",
-    "t2r_quadratic": "T2R with chunk_size 0, also T x T (up to --quadratic_max)",
-    "t2r_chunked": "T2R with chunk_size 64: linear in T",
-    "t2r_window64": "T2R chunked with a softmax window of 64: the hybrid's training form, linear in T",
-    **{name: spec[1] + " (whole-LM section only)" for name, spec in SRU_MODELS.items()},
-}
-WINDOW = 64  # the W of the window models
-GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
-SECTIONS = ("gen", "s2s", "memory", "train_attn", "train_lm", "mt")  # mt: with --mt_runs
+SECTIONS = ("gen", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: with --mt_runs; capacity: CUDA
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, out_dir="results/bench")
+FULL_CUDA = dict(batch_sizes="1,16,256", train_lengths="1024,2048,4096,8192,16384")  # FULL's changes on a GPU
 QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
              memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
 
@@ -106,11 +63,16 @@ def make_parser() -> Parser:
     p = Parser(prog="bench.py", description="Speed and memory of softmax attention against T2R, against length.")
     p.add_argument("--quick", action="store_true", help="smoke run, under a minute with --threads 1 on 2 CPU cores: "
                    + ", ".join(f"--{k} {v}" for k, v in QUICK.items()))
-    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections among {', '.join(SECTIONS)}"
-                   " (train = train_attn,train_lm)")
+    p.add_argument("--only", default="", help=f"comma-separated sections among {', '.join(SECTIONS)} (train = "
+                   "train_attn,train_lm; default: all, capacity on CUDA only)")
     p.add_argument("--models", default="", help="comma-separated subset of the generation models (default: all): "
                    + ", ".join(GEN_MODELS))
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: cuda if available; on "
+                   "cuda the defaults change: " + ", ".join(f"--{k} {v}" for k, v in FULL_CUDA.items()))
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="bfloat16: generation in "
+                   "bf16 weights (linear attention states stay float32), training under bf16 autocast")
+    p.add_argument("--capacity_length", type=int, default=8192,
+                   help="section capacity (CUDA only): the largest batch whose state fits at this many tokens")
     p.add_argument("--out_dir", default=None, help=f"where the outputs go (default {FULL['out_dir']})")
     p.add_argument("--lengths", type=int_list, default=None, help=f"generated lengths of the LM ({FULL['lengths']})")
     p.add_argument("--batch_sizes", type=int_list, default=None, help="LM generation batch sizes (1,16)")
@@ -144,10 +106,11 @@ def make_parser() -> Parser:
 def get_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
-    for name, default in (QUICK if args.quick else FULL).items():
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    for name, default in (QUICK if args.quick else {**FULL, **(FULL_CUDA if cuda else {})}).items():
         if getattr(args, name) is None:
             setattr(args, name, int_list(default) if name.endswith(("lengths", "sizes")) else default)
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or [s for s in SECTIONS if cuda or s != "capacity"]
     args.only = [s for o in only for s in (("train_attn", "train_lm") if o == "train" else (o,))]
     for section in args.only:
         if section not in SECTIONS:
@@ -156,8 +119,10 @@ def get_args(argv=None):
         if not all(os.path.isfile(os.path.join(run, f)) for f in ("model.pt", "args.json")):
             p.error(f"--mt_runs {run}: no model.pt and args.json there (a finished train_mt.py run)")
     args.only += ["mt"] if args.mt_runs and "mt" not in args.only else []
-    for name in ("mt_sentences", "s2s_max_tokens", "recompute_max", "memory_length", "train_batch", "quadratic_max",
-                 "repeats", "gen_repeats"):
+    if "capacity" in only and not cuda:
+        p.error("--only capacity: the largest batch that fits is found on a CUDA device (a CPU would swap)")
+    for name in ("capacity_length", "mt_sentences", "s2s_max_tokens", "recompute_max", "memory_length", "train_batch",
+                 "quadratic_max", "repeats", "gen_repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -169,62 +134,6 @@ def get_args(argv=None):
     if "t2r32_graph" in args.models and (args.device == "cpu" or not torch.cuda.is_available()):
         p.error("--models t2r32_graph: CUDA graphs need a CUDA device")
     return args
-
-
-# -----------------------------------------------------------------------------
-# Models
-
-def lm_config(args, **overrides) -> Config:
-    """The default small LM (4 layers, d=256, 4 heads), or the shapes of --ckpt."""
-    base = dict(vocab_size=10_000, n_layer=4, n_head=4, d_model=256, d_ff=1024, dropout=0.0)
-    if args.ckpt_config:
-        base.update({k: args.ckpt_config[k] for k in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff",
-                                                      "pre_norm", "tie_embeddings") if k in args.ckpt_config})
-    return Config(**{**base, **overrides})
-
-
-def load_fitting(model: nn.Module, args) -> nn.Module:
-    """Copy the --ckpt tensors whose name and shape fit (all but the feature maps of another kind)."""
-    if args.ckpt_state:
-        target = model.state_dict()
-        fitting = {k: v for k, v in args.ckpt_state.items() if k in target and target[k].shape == v.shape}
-        model.load_state_dict(fitting, strict=False)
-    return model
-
-
-def sru_model(name: str, args, dropout: float = 0.0) -> SRUppLM:
-    c = lm_config(args)
-    top_only = SRU_MODELS[name][0]
-    return SRUppLM(SRUConfig(vocab_size=c.vocab_size, n_layer=c.n_layer, d_model=c.d_model,
-                             attn_every=c.n_layer if top_only else 1, dropout=dropout))
-
-
-def build_lm(name: str, args):
-    """name -> (model, mode) with mode 'step' (recurrent) or 'recompute' (the whole prefix at every token)."""
-    if name in SRU_MODELS:
-        return sru_model(name, args).eval().to(args.device), "step"
-    kind, k, folded, _ = LM_MODELS[name]
-    window = WINDOW if "window" in name else 0
-    model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
-    if folded:
-        model = fold(model)
-    if name == "floor":
-        model = replace_self_attention(model, lambda attn: NoAttention())
-    if name.startswith("proj_only"):
-        model = replace_self_attention(model, ProjectionsOnly)
-    model = model.to(args.device)
-    if name == "softmax_recompute" or name.endswith("_reference"):
-        return model, "recompute" if name == "softmax_recompute" else "step"
-    fast = FastStep(model, compile=name.endswith("_compiled"))
-    return (CapturedStep(fast, max(args.lengths) + 16) if name.endswith("_graph") else fast), "step"
-
-
-def build_s2s(name: str, args):
-    kind, cross_k, self_k, folded, _ = S2S_MODELS[name]
-    config = lm_config(args, n_encoder_layer=lm_config(args).n_layer, attn=kind, feature_size=self_k,
-                       cross_attn=kind, cross_feature_size=cross_k)
-    model = Seq2SeqTransformer(config).eval()
-    return FastStep((fold(model) if folded else model).to(args.device)), "step"
 
 
 # -----------------------------------------------------------------------------
@@ -334,6 +243,21 @@ def bench_memory(args, rows):
         record(name, size, sru_theory_ratio(N, model.config))
 
 
+def bench_capacity(args, rows):
+    """The largest batch whose state fits in the GPU's memory at --capacity_length tokens, and its tokens/s there:
+    the KV cache's memory against the constant state's."""
+    L = args.capacity_length
+    for name in [n for n in ("softmax_kv", "t2r32") if not args.models or n in args.models]:
+        model, _ = build_lm(name, args)
+        model.reserve(L)
+        batch = largest_batch(model, L, args.device)
+        tokens_per_s = batch * steps_per_s(model, batch, L, args.device) if batch else 0.0
+        rows += [row("capacity", name, batch, L, "largest_batch", batch, "seq"),
+                 row("capacity", name, batch, L, "tokens_per_s", tokens_per_s, "tok/s")]
+        print(f"capacity {name:10s} at {L} tokens: largest batch {batch}, {tokens_per_s:.0f} tok/s there", flush=True)
+        del model
+
+
 def bench_translators(args, rows):
     """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5."""
     for run in args.mt_runs:
@@ -351,20 +275,6 @@ def bench_translators(args, rows):
 # -----------------------------------------------------------------------------
 # Training
 
-def train_model(section, name, args):
-    if name in SRU_MODELS:
-        return sru_model(name, args, dropout=0.1).to(args.device).train()
-    kind, chunk = ("softmax", 0) if name.startswith("softmax") else ("t2r", 0 if name == "t2r_quadratic" else 64)
-    window = WINDOW if "window" in name else 0
-    if section == "train_attn":
-        config = lm_config(args)
-        if kind == "softmax":
-            return SoftmaxAttention(config.d_model, config.n_head, causal=True).to(args.device)
-        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk, window).to(args.device)
-    model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
-    return load_fitting(model, args).to(args.device).train()
-
-
 def training_step(section, name, L, args):
     """A function running one forward + backward of `name` on L tokens: one attention layer (a mean-square
     loss) or the whole LM (cross-entropy, dropout on)."""
@@ -381,12 +291,13 @@ def training_step(section, name, L, args):
     if name == "softmax_math":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         backend = lambda: sdpa_kernel(SDPBackend.MATH)
+    autocast = torch.autocast(args.device.type, torch.bfloat16, enabled=args.dtype == "bfloat16")
 
     def step():
         model.zero_grad(set_to_none=True)
         if section == "train_attn":
             x.grad = None
-        with backend():
+        with backend(), autocast:
             loss_fn().backward()
     return step
 
@@ -432,6 +343,7 @@ def main(argv=None):
         "s2s": lambda: bench_generation("s2s", S2S_MODELS, args.s2s_batch_sizes, args.s2s_lengths, args, rows,
                                         lambda name: build_s2s(name, args), max_tokens=args.s2s_max_tokens),
         "memory": lambda: bench_memory(args, rows),
+        "capacity": lambda: bench_capacity(args, rows),
         "train_attn": lambda: bench_training("train_attn", args, rows),
         "train_lm": lambda: bench_training("train_lm", args, rows),
         "mt": lambda: bench_translators(args, rows),

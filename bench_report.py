@@ -35,6 +35,12 @@ HOW_IT_MEASURES = """## How it measures
   and in theory 2 N h / (r k (d + 1)) (h = d_model, r heads of d dimensions, feature size k); a window of W
   adds 2 W d per head. SRU++ keeps c (h numbers) per layer and the keys and values of its a attention
   layers: 2 N h L / (L h + 2 a N d') for L layers.
+- **Capacity** (CUDA only): the largest batch whose state at `--capacity_length` tokens and the step that writes
+  the last token fit in the GPU's memory. Doubling, then bisection to within 1/64, each try building the state as
+  generation leaves it (`bench_tools.state_at`: a KV cache of that many entries in the capacity its doubling
+  reached) and running one step; out of memory means no. tokens/s there: batch / the median of 5 steps.
+- **Precision.** `--dtype bfloat16` puts the generation models' weights and KV caches in bf16 (linear attention
+  keeps S and z in float32, as t2r.py does under autocast) and runs training under bf16 autocast.
 """
 
 
@@ -57,7 +63,8 @@ def ratios(rows, args) -> list:
     plan = [(f"t2r32 latency at {hi} / at {lo}, batch {b}", gen("t2r32", b, hi, "latency_ms"),
              gen("t2r32", b, lo, "latency_ms"), "<=", 1.2) for b in args.batch_sizes]
     need_8192 = 10 if args.device.type == "cuda" else 14
-    plan += [(f"t2r32 / softmax_kv tokens/s at {L}, batch 16", gen("t2r32", 16, L, tps), gen("softmax_kv", 16, L, tps),
+    fast = "t2r32_graph" if any(r["model"] == "t2r32_graph" for r in rows) else "t2r32"  # CUDA's generation path
+    plan += [(f"{fast} / softmax_kv tokens/s at {L}, batch 16", gen(fast, 16, L, tps), gen("softmax_kv", 16, L, tps),
               ">=", need) for L, need in ((4096, 5), (8192, need_8192))]
     plan += [(f"t2r32{c} step / proj_only{c} step (tokens/s at {hi}), batch {b}", gen(f"proj_only{c}", b, hi, tps),
               gen(f"t2r32{c}", b, hi, tps), "<=", 1.10 if b == 1 else 1.05) for c in ("", "_compiled")
@@ -155,6 +162,10 @@ def markdown(rows, args, command, seconds, models) -> str:
     lines += ["## Attention state, batch 1", ""] + table(rows, "memory", "state_bytes", "state bytes")
     lines += table(rows, "memory", "kv_over_state", "KV cache / state, measured")
     lines += table(rows, "memory", "kv_over_state_theory", "KV cache / state, theory 2Nh/(rk(d+1))")
+    if any(r["section"] == "capacity" for r in rows):
+        lines += [f"## Capacity on the GPU at {args.capacity_length} tokens", ""]
+        lines += table(rows, "capacity", "largest_batch", "the largest batch that fits")
+        lines += table(rows, "capacity", "tokens_per_s", "tokens/s at that batch")
     lines += ["## Training, forward + backward", ""]
     for section, what in (("train_attn", "one attention layer"), ("train_lm", "whole LM")):
         lines += table(rows, section, "ms", f"{what}: time")

@@ -195,3 +195,64 @@ class PeakMemory(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in self.live:
                 self._watch(t.untyped_storage(), t.untyped_storage().nbytes())
         return out
+
+
+# -----------------------------------------------------------------------------
+# Capacity: the largest batch whose generation state fits on the GPU at a given length
+
+def state_at(state: dict, length: int) -> dict:
+    """A fresh generation state made to look as after `length` tokens: the position advanced, and each KV cache
+    holding `length` entries in the capacity its doubling has reached by then (zeros: only the memory matters).
+    A constant-size state is already as large as it will ever be."""
+    state["pos"] = length
+    for layer in state["layers"]:
+        cache = layer["self"]
+        if "k" in cache:
+            capacity = max(16, 1 << (length - 1).bit_length())  # the power of two append_to_cache grows to
+            cache["k"], cache["v"] = (t.new_zeros(*t.shape[:2], capacity, t.shape[3]) for t in (cache["k"], cache["v"]))
+            cache["length"] = length
+    return state
+
+
+def fits(model, batch: int, length: int, device) -> bool:
+    """Whether the state of `batch` sequences at position length - 1 and the step that writes token `length` fit
+    in the GPU's memory."""
+    state = tokens = None
+    try:
+        state = state_at(model.init_state(batch), length - 1)
+        tokens = torch.zeros(batch, dtype=torch.long, device=device)
+        model.step(tokens, state)
+        torch.cuda.synchronize(device)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        state = tokens = None
+        torch.cuda.empty_cache()
+
+
+def largest_batch(model, length: int, device) -> int:
+    """Doubling, then bisection to within 1/64: the largest batch that fits (0 if not even one sequence)."""
+    low, high = 0, 1
+    while fits(model, high, length, device):
+        low, high = high, 2 * high
+    while high - low > max(1, low // 64):
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(model, middle, length, device) else (low, middle)
+    return low
+
+
+def steps_per_s(model, batch: int, length: int, device, steps: int = 5) -> float:
+    """Steps per second of `batch` sequences at position length - 1 (the state is reused: timing only)."""
+    state = state_at(model.init_state(batch), length - 1)
+    tokens = torch.zeros(batch, dtype=torch.long, device=device)
+    model.step(tokens, state)
+    timer = StepTimer(device)
+    timer.mark()
+    for _ in range(steps):
+        state["pos"] -= 1  # the same position again, so the KV cache does not grow past its capacity
+        for cache in (layer["self"] for layer in state["layers"] if "length" in layer["self"]):
+            cache["length"] -= 1
+        model.step(tokens, state)
+        timer.mark()
+    return 1 / statistics.median(timer.intervals())

@@ -22,9 +22,15 @@ TINY = ["--n_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64", "-
         "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8", "--chunk_size", "8"]
 
 
+# The scripts run on one CPU thread in the tests, on a GPU machine too: the tests compare runs bit for bit (a resumed
+# run against an uninterrupted one, two processes on gloo), which CUDA's kernels do not promise. The CUDA paths have
+# their own tests, in-process (test_fast_step.py).
+SCRIPT_ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
-    """python <script> <args> in cwd, one thread, as a subprocess; raises with its output if it fails."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
+    """python <script> <args> in cwd, one CPU thread, as a subprocess; raises with its output if it fails."""
+    env = {**os.environ, **SCRIPT_ENV, **(extra_env or {})}
     result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, env=env, input=stdin,
                             capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:
@@ -36,7 +42,7 @@ def run_two_processes(script, *args, cwd):
     """torchrun --nproc_per_node 2 <script> <args> on the CPU (gloo); raises with its output if it fails."""
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            timeout=300, env={**os.environ, **SCRIPT_ENV})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     print(result.stdout[-800:])
     return result

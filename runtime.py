@@ -211,8 +211,13 @@ def setup_distributed() -> Distributed:
     if world_size == 1:
         return Distributed()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if backend == "nccl" and local_rank >= torch.cuda.device_count():
+        raise UserError(f"torchrun started more processes on this machine than it has GPUs "
+                        f"({torch.cuda.device_count()}): use --nproc_per_node {torch.cuda.device_count()} or fewer, "
+                        f"or CUDA_VISIBLE_DEVICES= to train on the CPU (gloo)")
     dist.init_process_group(backend)
-    info = Distributed(dist.get_rank(), world_size, int(os.environ.get("LOCAL_RANK", "0")))
+    info = Distributed(dist.get_rank(), world_size, local_rank)
     if backend == "nccl":
         torch.cuda.set_device(info.local_rank)
     return info

@@ -398,6 +398,12 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d))  # (B, T, h)
 
 
+# scaled_dot_product_attention picks a kernel per call. cuDNN's, which it may prefer for bf16 on recent GPUs, builds
+# a plan for every new shape; decoding makes a new key length at every token, a translator a new source length at
+# every batch. Flash, memory-efficient and math kernels take any shape as it comes, so importing t2r turns cuDNN's off.
+torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
     """q (B, H, T, d), k and v (B, H, S, d); key_mask (B, S), True at real (not padded) source positions."""
     mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)

@@ -17,6 +17,9 @@ import bench_report
 import bench_tools
 from conftest import assert_one_line_error, run
 from runtime import run_main
+from fast_step import FastStep
+from sru import SRUConfig
+from t2r import Config, TransformerLM
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +132,7 @@ def test_theory_ratio():
 
 def test_sru_theory_ratio():
     # 2 N h L / (L h + a 2 N d'): N=4096, h=256, L=4 layers, d'=64; a=4 attention layers, or a=1
-    every, top = (bench.SRUConfig(n_layer=4, d_model=256, attn_every=k) for k in (1, 4))
+    every, top = (SRUConfig(n_layer=4, d_model=256, attn_every=k) for k in (1, 4))
     assert bench.sru_theory_ratio(4096, every) == pytest.approx(2 * 4096 * 256 * 4 / (4 * 256 + 4 * 2 * 4096 * 64))
     assert bench.sru_theory_ratio(4096, top) == pytest.approx(15.97, abs=0.01)
 
@@ -153,6 +156,42 @@ def test_explicit_flags_win_over_quick():
     assert bench.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
 
 
+def test_the_default_sections_follow_the_device():
+    assert "capacity" not in bench.get_args(["--device", "cpu"]).only  # a CPU would swap, not run out of memory
+    assert bench.get_args(["--device", "cpu"]).batch_sizes == [1, 16]
+    assert bench.get_args(["--device", "cpu", "--batch_sizes", "256"]).batch_sizes == [256]
+
+
+@pytest.mark.parametrize("attn, capacity", [("softmax", 64), ("t2r", None)])
+def test_state_at_a_length_is_the_state_generation_reaches(attn, capacity):
+    """state_at(state, n) holds what n steps leave: the position, and a KV cache of n entries in the capacity
+    its doubling reached (64 for 40 tokens); a constant-size state is unchanged. The next step fits in it."""
+    config = Config(vocab_size=50, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=attn, feature_size=4)
+    model = FastStep(TransformerLM(config).eval())
+    stepped = model.init_state(3)
+    for _ in range(40):
+        model.step(torch.zeros(3, dtype=torch.long), stepped)
+    made = bench_tools.state_at(model.init_state(3), 40)
+    assert made["pos"] == stepped["pos"] == 40
+    for ours, theirs in zip(made["layers"], stepped["layers"]):
+        assert {k: getattr(v, "shape", v) for k, v in ours["self"].items()} == \
+            {k: getattr(v, "shape", v) for k, v in theirs["self"].items()}
+    if capacity:
+        assert made["layers"][0]["self"]["k"].shape[2] == capacity
+        model.step(torch.zeros(3, dtype=torch.long), made)
+        assert made["layers"][0]["self"]["k"].shape[2] == capacity  # written in place, not grown
+
+
+@pytest.mark.parametrize("limit", [1, 7, 1000, 54321])
+def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
+    tried = []
+    monkeypatch.setattr(bench_tools, "fits", lambda model, batch, length, device: tried.append(batch) or
+                        batch <= limit)
+    found = bench_tools.largest_batch(None, 8192, None)
+    assert found <= limit and limit - found <= max(1, found // 64), (found, tried)
+    assert len(tried) <= 2 * limit.bit_length() + 8
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--only", "nope"], "unknown section 'nope' in --only"),
@@ -163,6 +202,9 @@ def test_explicit_flags_win_over_quick():
     (["--ckpt", "missing.pt"], "no checkpoint at missing.pt"),
     (["--mt_runs", "no/such/run"], "--mt_runs no/such/run: no model.pt and args.json there"),
     (["--models", "t2r32_graph", "--device", "cpu"], "CUDA graphs need a CUDA device"),
+    (["--only", "capacity", "--device", "cpu"], "found on a CUDA device"),
+    (["--capacity_length", "0"], "--capacity_length must be at least 1"),
+    (["--dtype", "float16"], "invalid choice: 'float16'"),
 ])
 def test_bad_input_is_a_one_line_error(argv, fragment, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -404,3 +404,9 @@ def test_attention_weights_reproduce_the_attention_output(kind):
     assert report(f"{kind}: rows sum to 1 ({int(empty.sum())} empty)", (mass - 1)[~empty].abs().max()) < 1e-12
     if kind in ("softmax", "t2r", "elu"):
         assert weights.min() >= 0
+
+
+def test_importing_t2r_turns_cudnn_attention_off():
+    """cuDNN's attention plans every new shape anew, and decoding makes a new key length at every token."""
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()

@@ -85,6 +85,15 @@ def test_resume_is_exact_and_restores_every_flag(tmp_path, corpus, attn, flags):
     assert curve("split") == curve("straight") and steps[-1] == 8 and tokens[-1] == 8 * tokens[0] / steps[0]
 
 
+def test_more_processes_than_gpus_is_refused_before_joining(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(runtime.UserError, match="more processes on this machine than it has GPUs"):
+        runtime.setup_distributed()  # raised before init_process_group, which would wait for the other process
+
+
 def test_ddp_gloo_two_processes(tmp_path, corpus):
     run_two_processes("train_lm.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *TINY, cwd=tmp_path)
     checkpoint = torch.load(tmp_path / "out/tiny-t2r-random/ckpt.pt", weights_only=True)

@@ -1,0 +1,132 @@
+"""The models bench.py measures: their names, what each is, and how each is built (random weights of the LM's
+shapes, or of --ckpt's, on --device in --dtype)."""
+
+import torch
+import torch.nn as nn
+
+from bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
+from fast_step import CapturedStep, FastStep
+from sru import SRUConfig, SRUppLM
+from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
+
+
+# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All step with fast_step.py
+# but *_reference (t2r.py's step), *_graph (CUDA only), *_compiled (torch.compile; not with --quick) and SRU++.
+LM_MODELS = {
+    "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
+    "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
+                          "(Katharopoulos et al.'s baseline), up to --recompute_max"),
+    "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
+    "t2r32_reference": ("t2r", 32, True, "t2r32 through t2r.py's step (Eqs. 5-7 as written), not fast_step.py's"),
+    "t2r32_graph": ("t2r", 32, True, "t2r32's fast step recorded once as a CUDA graph and replayed (CUDA only)"),
+    "t2r32_compiled": ("t2r", 32, True, "t2r32's fast step through torch.compile"),
+    "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
+    "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
+                       "layers are not folded: their softmax needs q and k)"),
+    "t2r4": ("t2r", 4, True, "T2R, k = 4, folded"),
+    "t2r4_unfolded": ("t2r", 4, False, "the same, not folded"),
+    "elu": ("elu", 32, False, "ELU + 1 feature map (k = d = 64)"),
+    "rfa32": ("rfa", 32, False, "random feature attention, k = 32"),
+    "floor": ("t2r", 32, True, "t2r32 with every self-attention removed (its step returns zeros)"),
+    "proj_only": ("t2r", 32, True, "t2r32 whose self-attentions run the same stacked q, k, v projection and the "
+                  "output projection, but not the attention: the cost of the weights alone"),
+    "proj_only_compiled": ("t2r", 32, True, "proj_only through torch.compile"),
+}
+# SRU++ of the LM's width and depth: name -> (attention in every layer, or in the top one only; what it is).
+SRU_MODELS = {
+    "sru++": (False, "SRU++, one attention head of d' = d/4 in every layer: c and a d' KV cache per layer"),
+    "sru++_top": (True, "SRU++ with attention in the top layer only: c per layer and one d' KV cache"),
+}
+# The translators: name -> (attention, cross-attention k, causal self-attention k, folded, what it is).
+S2S_MODELS = {
+    "softmax_kv": ("softmax", 32, 32, False, "softmax with self and cross KV caches"),
+    "t2r32-4": ("t2r", 32, 4, True, "T2R, cross k = 32, causal k = 4, folded"),
+    "t2r32-4_unfolded": ("t2r", 32, 4, False, "the same, not folded"),
+    "elu": ("elu", 64, 64, False, "ELU + 1 (k = d = 64)"),
+    "rfa32-4": ("rfa", 32, 4, False, "random feature attention, cross k = 32, causal k = 4"),
+}
+TRAIN_MODELS = {
+    "softmax_sdpa": "softmax, F.scaled_dot_product_attention (a fused kernel)",
+    "softmax_math": "the same with the math backend, which forms the T x T matrix (up to --quadratic_max)",
+    "t2r_quadratic": "T2R with chunk_size 0, also T x T (up to --quadratic_max)",
+    "t2r_chunked": "T2R with chunk_size 64: linear in T",
+    "t2r_window64": "T2R chunked with a softmax window of 64: the hybrid's training form, linear in T",
+    **{name: spec[1] + " (whole-LM section only)" for name, spec in SRU_MODELS.items()},
+}
+WINDOW = 64  # the W of the window models
+GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
+
+
+# -----------------------------------------------------------------------------
+# Builders
+
+def lm_config(args, **overrides) -> Config:
+    """The default small LM (4 layers, d=256, 4 heads), or the shapes of --ckpt."""
+    base = dict(vocab_size=10_000, n_layer=4, n_head=4, d_model=256, d_ff=1024, dropout=0.0)
+    if args.ckpt_config:
+        base.update({k: args.ckpt_config[k] for k in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff",
+                                                      "pre_norm", "tie_embeddings") if k in args.ckpt_config})
+    return Config(**{**base, **overrides})
+
+
+def load_fitting(model: nn.Module, args) -> nn.Module:
+    """Copy the --ckpt tensors whose name and shape fit (all but the feature maps of another kind)."""
+    if args.ckpt_state:
+        target = model.state_dict()
+        fitting = {k: v for k, v in args.ckpt_state.items() if k in target and target[k].shape == v.shape}
+        model.load_state_dict(fitting, strict=False)
+    return model
+
+
+def sru_model(name: str, args, dropout: float = 0.0) -> SRUppLM:
+    c = lm_config(args)
+    top_only = SRU_MODELS[name][0]
+    return SRUppLM(SRUConfig(vocab_size=c.vocab_size, n_layer=c.n_layer, d_model=c.d_model,
+                             attn_every=c.n_layer if top_only else 1, dropout=dropout))
+
+
+def place(model: nn.Module, args) -> nn.Module:
+    """On --device, in --dtype (a generation model's weights; training keeps float32 weights under autocast)."""
+    return model.to(args.device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
+
+
+def build_lm(name: str, args):
+    """name -> (model, mode) with mode 'step' (recurrent) or 'recompute' (the whole prefix at every token)."""
+    if name in SRU_MODELS:
+        return place(sru_model(name, args).eval(), args), "step"
+    kind, k, folded, _ = LM_MODELS[name]
+    window = WINDOW if "window" in name else 0
+    model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
+    if folded:
+        model = fold(model)
+    if name == "floor":
+        model = replace_self_attention(model, lambda attn: NoAttention())
+    if name.startswith("proj_only"):
+        model = replace_self_attention(model, ProjectionsOnly)
+    model = place(model, args)
+    if name == "softmax_recompute" or name.endswith("_reference"):
+        return model, "recompute" if name == "softmax_recompute" else "step"
+    fast = FastStep(model, compile=name.endswith("_compiled"))
+    return (CapturedStep(fast, max(args.lengths) + 16) if name.endswith("_graph") else fast), "step"
+
+
+def build_s2s(name: str, args):
+    kind, cross_k, self_k, folded, _ = S2S_MODELS[name]
+    config = lm_config(args, n_encoder_layer=lm_config(args).n_layer, attn=kind, feature_size=self_k,
+                       cross_attn=kind, cross_feature_size=cross_k)
+    model = Seq2SeqTransformer(config).eval()
+    return FastStep(place(fold(model) if folded else model, args)), "step"
+
+
+def train_model(section, name, args):
+    if name in SRU_MODELS:
+        return sru_model(name, args, dropout=0.1).to(args.device).train()
+    kind, chunk = ("softmax", 0) if name.startswith("softmax") else ("t2r", 0 if name == "t2r_quadratic" else 64)
+    window = WINDOW if "window" in name else 0
+    if section == "train_attn":
+        config = lm_config(args)
+        if kind == "softmax":
+            return SoftmaxAttention(config.d_model, config.n_head, causal=True).to(args.device)
+        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk, window).to(args.device)
+    model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
+    return load_fitting(model, args).to(args.device).train()
