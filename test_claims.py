@@ -90,6 +90,13 @@ def test_length_claims_read_the_trend(softmax, elu, expected):
     assert [c[3] for c in found] == expected
 
 
+def test_length_claims_read_fig_2s_batch_when_a_larger_one_was_measured():
+    rows = bench_rows([1000.0, 1000.0, 1000.0], [900.0, 500.0, 100.0], [800.0, 800.0, 800.0])
+    rows += [{**r, "batch": 64, "value": 1.0} for r in rows]  # batch 64: no lead at all
+    assert [c[3] for c in claims.length_claims(rows)] == ["yes", "yes"]
+    assert "batch 16" in claims.length_claims(rows)[0][0]
+
+
 def test_pretraining_gets_a_verdict_for_each_part_with_the_seeds_spread():
     rows = [lm_row("softmax", "random", 120.0), lm_row("t2r", "random", 130.0), lm_row("elu", "random", 131.0),
             lm_row("rfa", "random", 200.0)]  # an RFA from scratch that did not train: its "gain" is huge
