@@ -227,7 +227,7 @@ def fits(model, batch: int, length: int, device) -> bool:
     except torch.OutOfMemoryError:
         return False
     finally:
-        state = tokens = None
+        state = tokens = None  # an out-of-memory traceback holds this frame: drop its tensors before emptying the cache
         torch.cuda.empty_cache()
 
 
