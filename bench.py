@@ -77,7 +77,7 @@ def make_parser() -> Parser:
     p.add_argument("--lengths", type=int_list, default=None, help=f"generated lengths of the LM ({FULL['lengths']})")
     p.add_argument("--batch_sizes", type=int_list, default=None, help="LM generation batch sizes (1,16)")
     p.add_argument("--s2s_lengths", type=int_list, default=None,
-                   help="source = target lengths of the translator (default: --lengths)")
+                   help=f"source = target lengths of the translator ({FULL['s2s_lengths']})")
     p.add_argument("--s2s_batch_sizes", type=int_list, default=None, help="translator batch sizes (Fig. 2: 16)")
     p.add_argument("--s2s_max_tokens", type=int, default=65536,
                    help="translator runs of batch x length above this are left out (a KV cache of batch 64 at 4096 "
@@ -131,7 +131,7 @@ def get_args(argv=None):
             p.error(f"unknown model {name!r} in --models: choose among {', '.join(GEN_MODELS)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
-    if "t2r32_graph" in args.models and (args.device == "cpu" or not torch.cuda.is_available()):
+    if "t2r32_graph" in args.models and not cuda:
         p.error("--models t2r32_graph: CUDA graphs need a CUDA device")
     return args
 
@@ -249,7 +249,6 @@ def bench_capacity(args, rows):
     L = args.capacity_length
     for name in [n for n in ("softmax_kv", "t2r32") if not args.models or n in args.models]:
         model, _ = build_lm(name, args)
-        model.reserve(L)
         batch = largest_batch(model, L, args.device)
         tokens_per_s = batch * steps_per_s(model, batch, L, args.device) if batch else 0.0
         rows += [row("capacity", name, batch, L, "largest_batch", batch, "seq"),
