@@ -15,10 +15,10 @@ machine, a conversion starting once its teacher is done. After the runs come the
 results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables, plots
 and claims of results/README.md.
 
-The sizes were chosen for the teachers to train to their plateau: about 8 hours on a 2-core CPU, two runs at a
-time (estimated from the speed of its first runs, 2,700-3,000 tokens/s each). Measured, the LM teacher is still
-short of the convergence rule at 2400 steps (below). The claims it tests are orderings and ratios, not the paper's
-absolute numbers.
+The sizes: about 8 hours on a 2-core CPU, two runs at a time (estimated from the speed of its first runs,
+2,700-3,000 tokens/s each). At them the LM teacher is measured short of the convergence rule (below): its plateau
+is several doublings of compute away. The claims it tests are orderings and ratios, not the paper's absolute
+numbers.
 """
 
 import json
