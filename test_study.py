@@ -218,7 +218,7 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
         if r.row["init"] == "random":  # the teacher's budget, from scratch
             assert flags["max_steps"] == size["pretrain_steps"] and "init" not in flags
             assert flags["lr"] == study.LM_LR["pretrain"] and flags["d_model"] == 128
-        else:  # a quarter of it, from the teacher
+        else:  # a fifth of it, from the teacher
             assert flags["max_steps"] == size["finetune_steps"] and flags["init"] == "pretrained"
             assert flags["lr"] == study.LM_LR["finetune"]
             assert flags["pretrained"] == os.path.join(lm[0].out_dir, "ckpt.pt")
@@ -237,8 +237,10 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
     mt = study.mt_runs(str(tmp_path), study.MT_SIZES["full"])
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
-        ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("t2r", "random"),
+        ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("rfa", "pretrained"), ("t2r", "random"),
         ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
+    rfa = mt[3].flags  # Table 2's 4 causal and 32 cross projections, two features each
+    assert (rfa["attn"], rfa["feature_size"], rfa["cross_feature_size"]) == ("rfa", 8, 64)
     assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") for r in mt if r.row["init"] ==
                "pretrained")
 
@@ -266,8 +268,8 @@ def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
-    assert "43 runs, 0 already done" in result.stdout  # the language models and the translators, in one plan
-    assert "[36/43] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
+    assert "44 runs, 0 already done" in result.stdout  # the language models and the translators, in one plan
+    assert "[36/44] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
     assert "recall probe: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
@@ -305,9 +307,9 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
                                                             "train_minutes": 9.0 if random_init else 2.0,
                                                             "curve": curve})
     bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0,
-            ("t2r", "random"): 17.0, ("t2r-transfer", "pretrained"): 19.6, ("t2r-window", "pretrained"): 19.7,
+            ("rfa", "pretrained"): 18.5, ("t2r", "random"): 17.0, ("t2r-transfer", "pretrained"): 19.6, ("t2r-window", "pretrained"): 19.7,
             ("t2r-transfer-window", "pretrained"): 19.8}
-    speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0, "t2r-transfer": 900.0, "t2r-window": 850.0,
+    speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0, "rfa": 850.0, "t2r-transfer": 900.0, "t2r-window": 850.0,
               "t2r-transfer-window": 850.0}
     for r in mt_plan:
         b = bleu[(r.row["model"], r.row["init"])]
@@ -351,14 +353,14 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", *study.CONVERSIONS}
     assert {r["k"] for r in lm if r["model"].startswith("t2r")} == {"32"}, "Table 1 is at k = 32"
     mt = read_rows(os.path.join(results, "mt.csv"))
-    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 7
+    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 8
     curves = read_rows(os.path.join(results, "curves.csv"))
     assert {(r["task"], r["model"]) for r in curves if r["step"] == "4"} >= {("lm", "t2r"), ("mt", "softmax")}
     att = read_rows(os.path.join(results, "attention.csv"))
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
     with open(os.path.join(results, "machine.json")) as f:
         machine = json.load(f)
-    assert machine["runs_finished"] == machine["runs_planned"] == 43 and machine["attention_analysis"]
+    assert machine["runs_finished"] == machine["runs_planned"] == 44 and machine["attention_analysis"]
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
     assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
                                                                          "learning_curves.png", "recall.png"))
@@ -371,7 +373,9 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert "75% of the gap closed" in text
     assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
     claims_ = claim_lines(text)
-    assert len(claims_) == 19 and all(line.endswith("| yes |") for line in claims_), claims_  # 8 LM, 7 Figs. 4-6, 4 MT
+    judged = [line for line in claims_ if not line.endswith("| not measured |")]  # Fig. 2's: no bench.csv here
+    assert len(claims_) == 22 and len(judged) == 19, claims_  # 8 LM, 7 Figs. 4-6, 4 MT; 3 of Fig. 2
+    assert all(line.endswith("| yes |") for line in judged), claims_
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
     assert "| softmax | 0.89 (0.20) | 0.84 (0.20) |" in text  # the recall table: D = 8 and 64
@@ -404,7 +408,8 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     assert "| T2R + pretrain | 32 | 4 | 18.00 | - | - | - | - | 28.7 |" in text
     # T2R + pretrain behind T2R from scratch (twice: no gain, and so no faster to reach it), 7 behind the teacher,
     # 2 BLEU behind it: the rest needs more rows
-    assert [line.split(" | ")[-1] for line in claim_lines(text)] == ["**no** |", "**no** |", "yes |", "**no** |"]
+    assert [line.split(" | ")[-1] for line in claim_lines(text)] == ["**no** |", "**no** |", "yes |", "**no** |",
+                                                                   *["not measured |"] * 3]
     assert "**1 of 4 held**" in text and "an unrecorded command on an unrecorded machine" in text
     assert len(summary.splitlines()) < 40 and "**1 of 4 of the paper's claims held" in summary
     assert (tmp_path / "feature_size.png").stat().st_size > 0 and (tmp_path / "attention.png").stat().st_size > 0
@@ -421,4 +426,12 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
         # the summary's link to the page, from the repository's root
         regenerated = (tmp_path / name).read_text().replace(os.path.relpath(str(tmp_path), ROOT), "results")
         assert regenerated == committed, f"results/{name} is not what report.py writes: rerun it"
-        assert "9 of 20" in committed
+    headline = open(os.path.join(ROOT, "results", "summary.md")).readline().split(" at CPU scale")[0]
+    assert headline in open(os.path.join(ROOT, "README.md")).read(), "the README quotes the summary's verdict count"
+
+
+def test_the_summary_says_when_the_study_is_partial():
+    machine = dict(runs_finished=3, runs_planned=43, attention_analysis=True)
+    summary = "\n".join(study_report.summary_page(dict(lm=[], mt=[], machine=machine), [], "results/README.md"))
+    print(summary)
+    assert summary.startswith("**Partial: 3 of 43 runs finished.")
