@@ -9,7 +9,8 @@ For each distance D and each of --samples places in the validation split: x = sp
 in the text, the span again. Accuracy: how often the model's top prediction is the next token of the span, over
 its repeat (the first token of the repeat excluded: nothing announces it) and, as the floor, over its first
 reading. A KV cache keeps the span at any D; a T2R state (S, z) must fold it into k x d numbers per head;
-SRU++'s c must carry it unless an attention layer looks it up. Every model reads the same sequences.
+SRU++'s c must carry it unless an attention layer looks it up. Every model reads the same sequences. Past the
+length a model was trained on (the study: 512 tokens), its positions are new to it too, for the teacher as well.
 """
 
 import argparse

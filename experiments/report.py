@@ -206,7 +206,9 @@ def recall_section(results: dict, figure) -> list:
     lines = ["## What the state forgets", "",
              f"A span of {recall[0]['span']} validation tokens, then D tokens of the text that followed it, then the "
              f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
-             "and in brackets over the first reading, where there is nothing to recall.", "",
+             "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
+             "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
+             "loss there is not forgetting alone.", "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
     for model in dict.fromkeys(r["model"] for r in recall):
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
