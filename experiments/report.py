@@ -34,7 +34,8 @@ LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pr
             ("softmax", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
             ("t2r-transfer-window", "pretrained"), ("sru++", "random")]
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
-            ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
+            ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
+            ("t2r-transfer-window", "pretrained")]
 OPTIONAL_CSVS = ("curves", "recall")  # written by the second edition of the study; older results lack them
 
 
@@ -267,8 +268,7 @@ def results_page(results: dict, claims: list) -> list:
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
             "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
-            "include them. "
-            "RFA's k counts features: a sin and a cos for each random projection.", "",
+            "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
             *curves_section(results, figure), *recall_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
