@@ -17,12 +17,12 @@ from claims import group, model_name  # noqa: E402
 from runtime import atomic_write  # noqa: E402
 
 
-def new_figure(ncols: int, width: float):
+def new_figure(ncols: int, width: float, nrows: int = 1):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, ncols, figsize=(width, 3.9))
-    return plt, fig, ([axes] if ncols == 1 else list(axes))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.9 * nrows), squeeze=False)
+    return plt, fig, list(axes.flat)
 
 
 def log2_axis(ax, ticks: list, label: str):
@@ -76,26 +76,40 @@ def plot_attention(att: list, ks: list, footer: str, path: str):
 
 
 def plot_learning_curves(curves: list, footer: str, path: str):
-    """One panel per task: every run's validation perplexity against the training tokens it has seen, a converted
+    """A row per task: every run's validation perplexity against the training tokens it has seen, a converted
     run's counted on top of its teacher's (it starts where the teacher ends: the cost of converting is the
-    length of its line)."""
+    length of its line); on the right the same, zoomed on the conversions."""
     tasks = [t for t in ("lm", "mt") if group(curves, task=t)]
-    plt, fig, axes = new_figure(len(tasks), 5 * len(tasks))
-    for ax, task in zip(axes, tasks):
+    from matplotlib.ticker import FormatStrFormatter
+    plt, fig, axes = new_figure(2, 11, nrows=len(tasks))
+    for task, full, zoom in zip(tasks, axes[0::2], axes[1::2]):
         teacher = group(curves, task=task, model="softmax", init="random")
         start = max((r["tokens"] for r in teacher), default=0)
         runs = sorted({(r["model"], r["init"]) for r in group(curves, task=task)}, key=lambda m: (m[1], m[0]))
-        for model, init in runs:
+        zoom_ppl = []
+        for i, (model, init) in enumerate(runs):
             rows = sorted(group(curves, task=task, model=model, init=init), key=lambda r: r["step"])
             offset = start if init == "pretrained" else 0
-            ax.plot([(r["tokens"] + offset) / 1e6 for r in rows], [math.exp(r["valid_loss"]) for r in rows],
-                    linestyle="-" if init == "pretrained" else "--", marker="." if len(rows) < 30 else None,
-                    label=model_name(model, init))
-        ax.set_yscale("log")
-        ax.set_xlabel("training tokens (millions; a conversion's after its teacher's)")
-        ax.set_ylabel("validation perplexity")
-        ax.set_title({"lm": "Language model (PTB)", "mt": "Translator (LibreOffice en-de)"}[task])
-        ax.legend(fontsize=6)
+            x = [(r["tokens"] + offset) / 1e6 for r in rows]
+            y = [math.exp(r["valid_loss"]) for r in rows]
+            # tab20 has 20 distinct colours; the default cycle repeats after 10 and the study has more runs
+            style = dict(color=plt.get_cmap("tab20")(i % 20), linestyle="-" if init == "pretrained" else "--",
+                         marker="." if len(rows) < 30 else None, label=model_name(model, init))
+            for ax in (full, zoom):
+                ax.plot(x, y, **style)
+            zoom_ppl += [v for u, v in zip(x, y) if u >= start / 1e6 * 0.9]
+        if zoom_ppl:
+            zoom.set_xlim(start / 1e6 * 0.9, None)
+            zoom.set_ylim(min(zoom_ppl) / 1.03, max(zoom_ppl) * 1.03)
+        title = {"lm": "Language model (PTB)", "mt": "Translator (LibreOffice en-de)"}[task]
+        full.set_yscale("log")
+        for ax, suffix in ((full, ""), (zoom, ": the conversions")):
+            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis(FormatStrFormatter("%d"))  # 200, not 2 x 10^2
+            ax.set_xlabel("training tokens (millions; a conversion's after its teacher's)")
+            ax.set_ylabel("validation perplexity (periodic estimate)")
+            ax.set_title(title + suffix)
+        full.legend(fontsize=6, loc="upper right")
     save(plt, fig, footer, path)
 
 

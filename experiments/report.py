@@ -192,7 +192,9 @@ def curves_section(results: dict, figure) -> list:
         return []
     checks = convergence_checks(results["curves"])
     return ["## Learning curves and convergence", "",
-            "Validation perplexity against training tokens; a converted run starts where its teacher ended. A teacher "
+            "Validation perplexity against training tokens; a converted run starts where its teacher ended. For the "
+            "language model these are train_lm.py's periodic estimates on the first `--eval_windows` windows of the "
+            "validation split, which read higher than the tables' perplexities (every window). A teacher "
             "counts as converged when the last fifth of its run lowered its best validation perplexity by less than "
             "1%.", "", *[f"- {name}: {measured}: {verdict}" for name, measured, verdict in checks], "",
             *figure("learning_curves.png", "Learning curves", "curves.csv")]
