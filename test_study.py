@@ -415,6 +415,16 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     assert (tmp_path / "feature_size.png").stat().st_size > 0 and (tmp_path / "attention.png").stat().st_size > 0
 
 
+def test_a_page_without_attention_rows_links_no_attention_figure(tmp_path):
+    """Before the attention analysis has run, its CSV has a header only: no plot is drawn, so none is linked."""
+    for name, lines in MADE_UP_CSVS.items():
+        (tmp_path / name).write_text("\n".join(lines[:1] if name == "attention.csv" else lines) + "\n")
+    run("experiments/report.py", "--results", str(tmp_path), cwd=tmp_path)
+    text = (tmp_path / "README.md").read_text()
+    assert not (tmp_path / "attention.png").exists() and "attention.png" not in text
+    assert "(feature_size.png)" in text
+
+
 def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tmp_path):
     for name in ("lm_ptb.csv", "feature_size.csv", "attention.csv", "mt.csv", "machine.json", "bench/bench.csv"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
