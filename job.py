@@ -82,13 +82,15 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     return g
 
 
-def adopt_saved_run(parser, argv, default_out_dir):
-    """Parse the flags; --resume and --eval_only take every flag not given from the run in out_dir."""
+def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):
+    """Parse the flags; --resume and --eval_only take every flag not given from the run in out_dir. With --resume,
+    the flags in `growable` may be raised: a trainer whose schedule ignores --max_steps lets a run go on longer."""
     args = parser.parse_args(argv)
     args.explicit = explicit_flags(parser, argv)
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
-        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS)
+        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS,
+                         growable if args.resume else ())
     return args
 
 

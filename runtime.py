@@ -120,10 +120,11 @@ def serializable(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
 
-def take_saved_flags(args, out_dir: str, invocation: set):
+def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = ()):
     """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
     now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
-    (where to run it, when to stop) belong to this invocation alone."""
+    (where to run it, when to stop) belong to this invocation alone; a flag in `growable` may be raised (a longer
+    run whose schedule does not depend on its length is the same run, continued)."""
     saved_path = os.path.join(out_dir, "args.json")
     if os.path.isfile(saved_path):
         try:
@@ -139,6 +140,8 @@ def take_saved_flags(args, out_dir: str, invocation: set):
             continue
         if name not in args.explicit:
             setattr(args, name, value)
+        elif name in growable and getattr(args, name) > value:
+            print(f"--{name} {getattr(args, name)}: {out_dir} trained with --{name} {value} goes on")
         elif value != getattr(args, name):
             raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
                             f"drop the flag to continue or evaluate that run, or pick another --out_dir")

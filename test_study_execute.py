@@ -119,3 +119,30 @@ def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tm
                                            "command to continue"]
     assert [json.loads((tmp_path / name / "trace.json").read_text())["signals"] for name in ("teacher", "other")] \
         == [1, 1]
+
+
+def test_a_teacher_given_more_steps_trains_on_before_its_conversions(tmp_path):
+    """A translator's plan may give its finished teacher more steps: the teacher is "shorter" and resumed, and its
+    conversion waits for it."""
+    teacher, student, _ = fake_plan(tmp_path, seconds=0.1)
+    study.execute([teacher], dry_run=False, jobs=1)
+    (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
+    teacher.flags["max_steps"] = 8
+    assert study.state(teacher) == "shorter" and study.command(teacher)[-1] == "--resume"
+    assert not study.ready(student, [teacher, student])
+
+
+@pytest.mark.parametrize("teacher_since", ["trains on", "finished"])
+def test_a_conversion_of_an_older_teacher_is_refused(tmp_path, teacher_since):
+    teacher, student, _ = fake_plan(tmp_path, seconds=0.1)
+    study.execute([teacher, student], dry_run=False, jobs=1)
+    (tmp_path / "student" / "ckpt.pt").write_bytes(b"")
+    if teacher_since == "trains on":
+        (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
+        teacher.flags["max_steps"] = 8
+    else:
+        model = tmp_path / "teacher" / "ckpt.pt"  # the plan's --pretrained
+        model.write_bytes(b"")
+        os.utime(model, (time.time() + 5, time.time() + 5))
+    with pytest.raises(study.UserError, match="student converted an earlier model of a teacher .*delete it"):
+        study.execute([teacher, student], dry_run=False, jobs=1)

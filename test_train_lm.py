@@ -129,6 +129,8 @@ def test_a_truncated_checkpoint_is_refused_and_kept(trained, tmp_path):
     ("a converted teacher", ["--init", "pretrained", "--pretrained", "out/tiny-t2r-random/model.pt"],
      "already converted"),
     ("another size on resume", ["--resume", "--out_dir", "out/tiny-softmax-random", "--n_layer", "3"], "n_layer"),
+    # the cosine schedule decays to its --max_steps: a longer run is another run
+    ("a longer run on resume", ["--resume", "--out_dir", "out/tiny-softmax-random", "--max_steps", "99"], "max_steps"),
     ("heads that do not divide the width", ["--n_head", "3"], "divisible"),
     ("a block longer than the data", ["--block_size", "100000"], "--block_size"),
     ("a finished run again", ["--out_dir", "out/tiny-softmax-random"], "exists"),

@@ -236,6 +236,30 @@ def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
     assert results["beam"] == 2 and results["test"]["sentences"] == 2  # the run's decoding flags, not defaults
 
 
+def test_a_finished_run_trained_on_equals_the_longer_run(tmp_path):
+    """The inverse square-root schedule ignores --max_steps: --resume --max_steps 8 of a 4-step run is the 8-step run,
+    and the 4-step run's model.pt and results.json are kept aside."""
+    corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
+    common = ["--dataset", corpus, *MT_TINY, "--bleu_sentences", "2", "--warmup_steps", "2"]
+    train_mt(*common, "--max_steps", "8", "--out_dir", "straight", cwd=tmp_path)
+    train_mt(*common, "--max_steps", "4", "--out_dir", "longer", cwd=tmp_path)
+    train_mt("--resume", "--out_dir", "longer", "--max_steps", "8", cwd=tmp_path)
+    a = torch.load(tmp_path / "straight/model.pt", weights_only=True)
+    b = torch.load(tmp_path / "longer/model.pt", weights_only=True)
+    diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
+    assert report("trained on vs straight model.pt", diff) == 0 and b["step"] == 8
+    assert torch.load(tmp_path / "longer/model_step4.pt", weights_only=True)["step"] == 4
+    assert json.loads((tmp_path / "longer/results_step4.json").read_text())["curve"][-1][0] == 4
+
+
+def test_a_shorter_run_on_resume_is_refused(tmp_path):
+    corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
+    train_mt("--dataset", corpus, *MT_TINY, "--bleu_sentences", "2", "--max_steps", "4", "--stop_at", "2",
+             "--out_dir", "r", cwd=tmp_path)
+    result = train_mt("--resume", "--out_dir", "r", "--max_steps", "3", cwd=tmp_path, check=False)
+    assert_one_line_error(result, "trained with --max_steps 4, the flags say 3")
+
+
 def test_a_truncated_snapshot_is_a_one_line_error(trained_translator, tmp_path):
     """A finished run resumed rewrites model.pt from its snapshots: a damaged one is named, not a traceback."""
     tmp, _, _ = trained_translator

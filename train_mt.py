@@ -68,7 +68,9 @@ def get_args(argv=None):
     g.add_argument("--snapshot_interval", type=positive_int, default=20, help="steps between the snapshots that --average_last averages")
     g = add_decoding_flags(p)  # for the BLEU of the final model
     g.add_argument("--bleu_sentences", type=non_negative_int, default=0, help="score only the first N valid/test sentences (0: all)")
-    args = adopt_saved_run(p, argv, default_out_dir)
+    # the inverse square-root schedule does not depend on --max_steps: --resume --max_steps N (larger) trains a
+    # run on, towards its plateau, exactly as a run started with N steps (and the same --warmup_steps) would go
+    args = adopt_saved_run(p, argv, default_out_dir, growable=("max_steps",))
     apply_preset(args, PRESETS, PRESET_FINETUNE)
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
     if args.max_tokens < args.max_len + 1:

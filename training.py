@@ -299,11 +299,24 @@ def start(task: Task, device, dtype):
                      checkpoint.get("after_transfer"), checkpoint.get("tokens", 0), checkpoint.get("curve", []))
         set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], task.generator)
         print(f"resumed {path} at step {p.step} (best validation loss {p.best_val:.4f})")
+    if ddp.is_main and checkpoint and p.step < task.steps:
+        set_aside_shorter_run(args.out_dir, p.step)
     if ddp.is_main:
         print_config("model", model.config.to_dict())
         print(f"parameters: {model.num_params():,}")
         write_json(os.path.join(args.out_dir, "args.json"), serializable(vars(args)))
     return model, optimizer, scaler, p
+
+
+def set_aside_shorter_run(out_dir: str, step: int):
+    """A finished run trained on for more steps: its model.pt and results.json (of `step`) are kept beside it,
+    renamed, and no longer read as the finished run's."""
+    for name in ("model.pt", "results.json"):
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            stem, ext = os.path.splitext(name)
+            os.replace(path, os.path.join(out_dir, f"{stem}_step{step}{ext}"))
+            print(f"{name} of the run's {step} steps kept as {stem}_step{step}{ext}")
 
 
 def lock_out_dir(task: Task):
