@@ -1,5 +1,6 @@
 """Tests of the recall probe (experiments/recall.py): the probes repeat their span, the accuracy scores the right
-positions (an oracle scores 1, a model one token late scores 0), the script runs on trained models.
+positions (an oracle scores 1, a model one token late scores 0), the script runs on trained models, and the report
+says when the teacher itself does not copy.
 
     python -m pytest -q -s test_recall.py
 """
@@ -19,6 +20,7 @@ from runtime import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import recall  # noqa: E402
+import report  # noqa: E402
 
 SPAN, DISTANCE, V = 5, 7, 50
 
@@ -70,3 +72,14 @@ def test_the_script_probes_every_model_on_the_same_sequences(tmp_path, monkeypat
 def test_too_short_a_split_is_refused():
     with pytest.raises(UserError, match="too few for 64 probes of 4128 tokens"):
         recall.probes(torch.arange(3000), 4096, 16, samples=64, seed=0)
+
+
+@pytest.mark.parametrize("teacher_repeat, reading", [(0.9, "The softmax teacher copies"),
+                                                     (0.21, "The probe measures nothing here")])
+def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
+    """0.21 against 0.20 over 64 x 16 tokens is within two standard errors (0.0125 each): no copying to lose."""
+    rows = [dict(model=m, distance=d, span=16, samples=64, repeat_accuracy=a, first_accuracy=0.2)
+            for m, a in (("softmax", teacher_repeat), ("t2r+pretrain", 0.2)) for d in (8, 64)]
+    text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
+    print(next(line for line in text.splitlines() if "teacher" in line))
+    assert reading in text

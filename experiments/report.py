@@ -17,6 +17,7 @@ No run folder is read: the committed CSVs are enough to regenerate the page.
 import argparse
 import csv
 import json
+import math
 import os
 import sys
 
@@ -217,7 +218,26 @@ def recall_section(results: dict, figure) -> list:
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
                  for r in group(recall, model=model)}
         lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
-    return lines + ["", *figure("recall.png", "What the state forgets", "recall.csv")]
+    return lines + ["", *teacher_recall(recall), *figure("recall.png", "What the state forgets", "recall.csv")]
+
+
+def teacher_recall(recall: list) -> list:
+    """Whether the softmax teacher copies the repeat at the shortest distance (more than two standard errors of
+    its accuracy above its first reading): where it does not, the probe measures nothing a state could lose."""
+    rows = sorted(group(recall, model="softmax"), key=lambda r: r["distance"])
+    if not rows:
+        return []
+    r = rows[0]
+    p, n = r["first_accuracy"], r["samples"] * r["span"]
+    error = math.sqrt(max(p * (1 - p), 1e-4) / n)  # the standard error of an accuracy over n tokens
+    gain = r["repeat_accuracy"] - p
+    if gain > 2 * error:
+        return [f"The softmax teacher copies: {r['repeat_accuracy']:.2f} on the repeat against {p:.2f} on the first "
+                f"reading at D = {r['distance']} (standard error {error:.3f}).", ""]
+    return [f"**The probe measures nothing here.** The softmax teacher does not copy: {r['repeat_accuracy']:.2f} on "
+            f"the repeat against {p:.2f} on the first reading at D = {r['distance']} (standard error {error:.3f}). "
+            "With no recall to lose, these rows say nothing of what a fixed-size state forgets; a teacher that has "
+            "learned to copy (more training, or a larger model) is needed to measure it.", ""]
 
 
 def claims_table(claims: list) -> list:
