@@ -235,14 +235,16 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
         assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
     assert 5 * size["finetune_steps"] == size["pretrain_steps"]  # finetuning: a fifth of the pretraining steps
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
-    mt = study.mt_runs(str(tmp_path), study.MT_SIZES["full"])
+    mt_size = study.MT_SIZES["full"]  # finetuning: 2/3 of the teacher's steps and its warmup (Tables 5-6)
+    mt = study.mt_runs(str(tmp_path), mt_size)
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
         ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("rfa", "pretrained"), ("t2r", "random"),
         ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
     rfa = mt[3].flags  # Table 2's 4 causal and 32 cross projections, two features each
     assert (rfa["attn"], rfa["feature_size"], rfa["cross_feature_size"]) == ("rfa", 8, 64)
-    assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") for r in mt if r.row["init"] ==
-               "pretrained")
+    assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") and 3 * r.flags["max_steps"] ==
+               2 * mt_size["pretrain_steps"] and r.flags["warmup_steps"] == mt_size["warmup_steps"]
+               for r in mt if r.row["init"] == "pretrained")
 
 
 def test_every_planned_lm_command_parses(tmp_path):
