@@ -18,6 +18,7 @@ import torch
 import job
 import mt_data
 import train_mt as train_mt_module
+import translate
 from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
                       tiny_translator, write_parallel)
 from mt_data import BOS_ID, EOS_ID
@@ -201,6 +202,16 @@ def test_main_job_end_to_end(trained_translator):
     assert student["config"]["attn"] == ["t2r", "t2r"] and student["config"]["cross_attn"] == "t2r"
     results = json.loads((tmp / "out/mt-toy-en-de-t2r-pretrained/results.json").read_text())
     assert 0 <= results["test"]["bleu"] <= 100 and results["k_causal"] == 4 and results["k_cross"] == 8
+
+
+def test_the_translations_scored_are_saved_a_line_each(trained_translator):
+    tmp, corpus, _ = trained_translator
+    run_dir = tmp / "out/mt-toy-en-de-t2r-pretrained"
+    results = json.loads((run_dir / "results.json").read_text())
+    references = (open(os.path.join(corpus, "test.de"), encoding="utf-8").read().splitlines())
+    hyps = (run_dir / "test.hyp").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hyps) == results["test"]["sentences"] == len(references)
+    assert translate.bleu_scores(hyps, references, "de")["bleu"] == results["test"]["bleu"]
 
 
 def test_eval_only_reproduces_the_bleu(trained_translator):

@@ -157,7 +157,8 @@ class MTTask(Task):
         if not self.ddp.is_main:
             return {}
         args = self.args
-        results = evaluate_bleu(inference_model(model), self.tokenizer, self.corpus, args, self.device)
+        results = evaluate_bleu(inference_model(model), self.tokenizer, self.corpus, args, self.device,
+                                out_dir=args.out_dir)
         k_causal, k_cross = feature_sizes(model.config)
         results.update(attn=model_name(args), k_causal=k_causal,
                        k_cross=k_cross, train_minutes=round(train_seconds / 60, 2), beam=args.beam, lenpen=args.lenpen)

@@ -24,8 +24,8 @@ import mt_data
 from mt_data import BOS_ID, EOS_ID, PAD_ID
 from fast_step import FastStep
 from t2r import fold, reorder_state
-from runtime import (Parser, UserError, device_name, finite_float, get_device, load_checkpoint, model_from_checkpoint,
-                     non_negative_float, positive_int, run_main)
+from runtime import (Parser, UserError, atomic_write, device_name, finite_float, get_device, load_checkpoint,
+                     model_from_checkpoint, non_negative_float, positive_int, run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -250,12 +250,17 @@ def moses_tokenizer(lang: str):
     return tokenize
 
 
-def evaluate_bleu(model, tokenizer, corpus: dict, args, device, splits=("valid", "test")) -> dict:
+def evaluate_bleu(model, tokenizer, corpus: dict, args, device, splits=("valid", "test"), out_dir=None) -> dict:
+    """BLEU of each split; with out_dir, the translations too, a line each in <out_dir>/<split>.hyp (for a paired
+    comparison of two runs on the same sentences)."""
     results = {}
     for split in splits:
         pairs = corpus[split][: args.bleu_sentences or None]
         t0 = time.time()
         hyps = translate_sentences(model, tokenizer, [s for s, _ in pairs], args, device, progress=True)
+        if out_dir:
+            with atomic_write(os.path.join(out_dir, f"{split}.hyp")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(h.replace("\n", " ") + "\n" for h in hyps)
         results[split] = bleu_scores(hyps, [t for _, t in pairs], args.tgt)
         results[split]["decode_seconds"] = round(time.time() - t0, 1)
         results[split]["sentences"] = len(pairs)
