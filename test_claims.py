@@ -4,15 +4,19 @@ noise or inconclusive, and the statistics behind them agree with their textbook 
     python -m pytest -q -s test_claims.py
 """
 
+import json
 import os
 import sys
 
 import pytest
+import sacrebleu
 
-from conftest import ROOT
+from conftest import ROOT, write_parallel
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import claims  # noqa: E402
+import gather  # noqa: E402
+import study  # noqa: E402
 import report as study_report  # noqa: E402
 
 
@@ -117,6 +121,57 @@ def test_one_bleu_point_apart_is_within_one_point():
     """16.94 - 15.94 is 1.0000000000000018 in floating point: the verdict reads the numbers as reported."""
     mt = [mt_row("softmax", "random", 16.94, None), mt_row("t2r", "pretrained", 15.94, None)]
     assert claims.mt_claims(mt)[0][3] == "yes"
+
+
+@pytest.mark.parametrize("low, expected", [(-0.4, "within noise"), (0.1, "yes")])
+def test_pretraining_in_bleu_needs_its_bootstrap_interval_above_zero(low, expected):
+    mt = [mt_row("t2r", "pretrained", 25.3, None), mt_row("t2r", "random", 25.0, None)]
+    pairs = [dict(model="t2r", init="pretrained", against_model="t2r", against_init="random", delta=0.3, low=low,
+                  high=0.9, samples=1000)]
+    claim, = claims.mt_claims(mt, pairs)
+    print(claim[2])
+    assert claim[0] == "T2R benefits from pretraining (test BLEU)" and claim[3] == expected
+    assert f"95% interval {low:+.2f} to +0.90" in claim[2]
+
+
+def test_corpus_bleu_from_sentence_statistics_is_sacrebleus():
+    references = ["the cat sat on the mat", "a dog ran in the park today", "it rains", "one two three four five"]
+    hypotheses = ["the cat is on the mat", "a dog ran in a park", "it rains a lot", "one two three five four"]
+    stats = gather.bleu_statistics(hypotheses, references)
+    expected = sacrebleu.metrics.BLEU().corpus_score(hypotheses, [references]).score
+    print(f"from statistics {gather.corpus_bleu(stats):.6f}, sacrebleu {expected:.6f}")
+    assert gather.corpus_bleu(stats) == pytest.approx(expected, abs=1e-9)
+
+
+def test_the_paired_bootstrap_brackets_a_clear_difference_and_none():
+    references = [f"sentence number {i} says something new" for i in range(60)]
+    good = gather.bleu_statistics(references, references)
+    bad = gather.bleu_statistics([r.replace("something", "nothing") for r in references], references)
+    delta, low, high = gather.paired_bootstrap(good, bad, samples=200)
+    assert 0 < low <= delta <= high
+    assert gather.paired_bootstrap(good, good, samples=50) == (0.0, 0.0, 0.0)
+
+
+def test_gather_pairs_each_translator_with_the_teacher_on_the_same_test_sentences(tmp_path):
+    corpus = write_parallel(str(tmp_path / "toy"), n=(5, 5, 40))
+    with open(tmp_path / "toy" / "test.de") as f:
+        references = f.read().splitlines()
+    hypotheses = {("softmax", "random"): references, ("t2r", "pretrained"): [" ".join(r.split()[:-1]) for r in
+                                                                            references]}
+    runs = []
+    for (model, init), hyps in hypotheses.items():
+        out = tmp_path / f"{model}-{init}"
+        out.mkdir()
+        (out / "results.json").write_text("{}")
+        (out / "args.json").write_text(json.dumps(dict(dataset=corpus, src="en", tgt="de", bleu_sentences=0)))
+        (out / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+        runs.append(study.Run(out.name, "train_mt.py", {"out_dir": str(out)}, dict(model=model, init=init)))
+    row, = gather.mt_pair_rows(runs)
+    bleu = lambda hyps: sacrebleu.metrics.BLEU().corpus_score(hyps, [references]).score
+    expected = bleu(hypotheses[("t2r", "pretrained")]) - bleu(references)
+    print(row)
+    assert (row["model"], row["against_model"]) == ("t2r", "softmax") and row["delta"] == pytest.approx(expected)
+    assert row["low"] <= row["delta"] <= row["high"] < 0
 
 
 def test_a_gap_to_softmax_inside_the_seeds_spread_leaves_nothing_to_close():

@@ -275,25 +275,30 @@ def correlation_claim(pairs: list) -> tuple:
 # -----------------------------------------------------------------------------
 # Table 2
 
-def mt_claims(mt: list) -> list:
+def mt_claims(mt: list, pairs: list = ()) -> list:
+    """Table 2's claims; `pairs` (gather.mt_pair_rows) give each difference its paired-bootstrap 95% interval."""
     get = lambda model, init: (group(mt, model=model, init=init) or [None])[0]
     soft, t2r, t2r_rand = get("softmax", "random"), get("t2r", "pretrained"), get("t2r", "random")
     elu = get("elu", "pretrained")
     paper = lambda model, init="pretrained": PAPER_MT[(model, init)]
+    interval = lambda a, b: bootstrap_interval(pairs, a, b)
     claims = []
     if soft and t2r:
         claims.append(("T2R + pretrain reaches the transformer's BLEU (within 1 point; ours sacreBLEU, the paper's "
                        "tokenized BLEU)", f"{paper('t2r')} vs {paper('softmax', 'random')}",
-                       f"{t2r['bleu']:.2f} vs {soft['bleu']:.2f}",
+                       f"{t2r['bleu']:.2f} vs {soft['bleu']:.2f}{interval(t2r, soft)[0]}",
                        verdict(t2r["bleu"] >= soft["bleu"] or within(soft["bleu"], t2r["bleu"], COMPARABLE_BLEU))))
     if t2r and t2r_rand:
+        text, low = interval(t2r, t2r_rand)
+        better = t2r["bleu"] > t2r_rand["bleu"]
         claims.append(("T2R benefits from pretraining (test BLEU)",
                        f"{paper('t2r')} vs {paper('t2r', 'random')} (random init)",
-                       f"{t2r['bleu']:.2f} vs {t2r_rand['bleu']:.2f}", verdict(t2r["bleu"] > t2r_rand["bleu"])))
+                       f"{t2r['bleu']:.2f} vs {t2r_rand['bleu']:.2f}{text}",
+                       "within noise" if better and low is not None and low <= 0 else verdict(better)))
     if t2r and elu:
         claims.append(("ELU + pretrain is comparable to T2R + pretrain (within 1 BLEU)",
-                       f"{paper('elu')} vs {paper('t2r')}", f"{elu['bleu']:.2f} vs {t2r['bleu']:.2f}",
-                       verdict(within(elu["bleu"], t2r["bleu"], COMPARABLE_BLEU))))
+                       f"{paper('elu')} vs {paper('t2r')}", f"{elu['bleu']:.2f} vs {t2r['bleu']:.2f}"
+                       f"{interval(elu, t2r)[0]}", verdict(within(elu["bleu"], t2r["bleu"], COMPARABLE_BLEU))))
     if t2r and elu and soft and None not in (t2r["tokens_per_s"], elu["tokens_per_s"], soft["tokens_per_s"]):
         claims.append(speed_claim(soft, t2r, elu))
     return claims
@@ -384,7 +389,16 @@ def convergence_checks(curves: list) -> list:
     return checks
 
 
+def bootstrap_interval(pairs: list, a: dict, b: dict) -> tuple:
+    """(" (difference d, 95% interval lo to hi)" or "", the interval's low end or None) of rows a and b."""
+    found = group(pairs, model=a["model"], init=a["init"], against_model=b["model"], against_init=b["init"])
+    if not found:
+        return "", None
+    p = found[0]
+    return f" (difference {p['delta']:+.2f}, 95% interval {p['low']:+.2f} to {p['high']:+.2f})", p["low"]
+
+
 def all_claims(results: dict) -> list:
     """Every claim, in the order of the paper: Table 1, Figs. 4-6, Table 2, Fig. 2."""
-    return (lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"]) + mt_claims(results["mt"])
+    return (lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"]) + mt_claims(results["mt"], results.get("mt_pairs", []))
             + length_claims(results.get("bench", [])))

@@ -1,13 +1,16 @@
 """
 The study's results files, gathered from its run folders: each finished run's results.json (and speed.json, the
-attention analysis' and the recall probe's tables) into results/*.csv, floats to 4 decimals, and where and when
-the runs ran into results/machine.json. experiments/report.py reads these files alone.
+attention analysis' and the recall probe's tables, the translators' test.hyp) into results/*.csv, floats to 4
+decimals, and where and when the runs ran into results/machine.json. experiments/report.py reads these files alone.
 """
 
 import csv
 import json
 import os
 import sys
+
+import torch
+from sacrebleu.metrics import BLEU
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from study import MAIN_K, attention_checkpoints, read_json, run_state, shorten  # noqa: E402
@@ -128,6 +131,73 @@ def provenance(out: str, runs: list, quick: bool) -> dict:
             "attention_analysis": os.path.isfile(os.path.join(out, "attention", "raw.csv"))}
 
 
+# -----------------------------------------------------------------------------
+# Table 2's differences, with their noise: a paired bootstrap over the test sentences (Koehn, 2004)
+
+MT_PAIRS_COLUMNS = ["model", "init", "against_model", "against_init", "delta", "low", "high", "samples"]
+BOOTSTRAP_SAMPLES = 1000
+
+
+def bleu_statistics(hypotheses: list, references: list) -> torch.Tensor:
+    """Each sentence's BLEU sufficient statistics, (n, 10): 4 n-gram matches, 4 n-gram counts, lengths."""
+    bleu = BLEU()
+    rows = []
+    for hypothesis, reference in zip(hypotheses, references):
+        s = bleu.sentence_score(hypothesis, [reference])
+        rows.append([*s.counts, *s.totals, s.sys_len, s.ref_len])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def corpus_bleu(stats: torch.Tensor) -> float:
+    """sacreBLEU's corpus score (exp smoothing, as its corpus_score) from summed sentence statistics."""
+    total = [int(v) for v in stats.sum(0).tolist()]
+    return BLEU.compute_bleu(total[:4], total[4:8], total[8], total[9], smooth_method="exp").score
+
+
+def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> tuple:
+    """BLEU(a) - BLEU(b) on the test set, and the 95% interval of that difference over `samples` resamples of the
+    sentences, the same resample for both systems."""
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(len(a), (samples, len(a)), generator=generator)
+    deltas = sorted(corpus_bleu(a[i]) - corpus_bleu(b[i]) for i in index)
+    return corpus_bleu(a) - corpus_bleu(b), deltas[int(0.025 * samples)], deltas[int(0.975 * samples) - 1]
+
+
+def mt_pair_rows(runs: list) -> list:
+    """Every finished translator against the teacher, T2R + pretrain against T2R from scratch, and ELU + pretrain
+    against T2R + pretrain: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
+    done = {(r.row["model"], r.row["init"]): r for r in finished(runs)
+            if os.path.isfile(os.path.join(r.out_dir, "test.hyp"))}
+    teacher = ("softmax", "random")
+    pairs = [(key, teacher) for key in done if key != teacher]
+    pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained"))]
+    pairs = [(a, b) for a, b in pairs if a in done and b in done]
+    if not pairs:
+        return []
+    references = test_references(done[pairs[0][0]].out_dir)
+    stats = {key: bleu_statistics(read_lines(os.path.join(run.out_dir, "test.hyp")), references)
+             for key, run in done.items()}
+    rows = []
+    for a, b in pairs:
+        delta, low, high = paired_bootstrap(stats[a], stats[b])
+        rows.append(dict(model=a[0], init=a[1], against_model=b[0], against_init=b[1], delta=delta, low=low,
+                         high=high, samples=BOOTSTRAP_SAMPLES))
+    return rows
+
+
+def test_references(out_dir: str) -> list:
+    """The references a run's test.hyp translates: its corpus's test split, as many sentences as it scored."""
+    import mt_data
+    args = read_json(os.path.join(out_dir, "args.json"))
+    corpus = mt_data.load_parallel(args["dataset"], args["src"], args["tgt"], args.get("data_dir"))
+    return [target for _, target in corpus["test"][: args.get("bleu_sentences") or None]]
+
+
+def read_lines(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        return f.read().split("\n")[:-1]
+
+
 def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
     """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
     lm = lm_rows(lm_plan)
@@ -135,6 +205,7 @@ def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
                                 ("attention.csv", ATTENTION_COLUMNS, attention_rows(out, lm_plan, lm)),
                                 ("mt.csv", MT_COLUMNS, mt_rows(mt_plan)),
+                                ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
     recall = os.path.join(out, "recall", "recall.csv")
@@ -143,7 +214,7 @@ def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool
             rows = list(csv.DictReader(f))
         write_csv(os.path.join(results_dir, "recall.csv"), rows, list(rows[0]) if rows else [])
     write_json(os.path.join(results_dir, "machine.json"), provenance(out, lm_plan + mt_plan, quick))
-    print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, curves.csv, "
-          f"recall.csv and machine.json")
+    print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
+          f"curves.csv, recall.csv and machine.json")
 
 

@@ -37,7 +37,7 @@ LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pr
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
             ("t2r-transfer-window", "pretrained")]
-OPTIONAL_CSVS = ("curves", "recall")  # written by the second edition of the study; older results lack them
+OPTIONAL_CSVS = ("curves", "recall", "mt_pairs")  # written by the second edition of the study; older results lack them
 
 
 # -----------------------------------------------------------------------------
@@ -268,6 +268,9 @@ FILES = [  # (file, one row per, its columns), the last table of the page
     ("mt.csv", "Table 2 run", "`model`, `init`, `k_cross`, `k_causal`, `bleu` (test, sacreBLEU), `valid_bleu`, "
      "`tok_bleu` (test, tokenized), `tokens_per_s` (greedy, batch 16, test sentences: the median of `speed_passes` "
      "passes, from `speed_low` to `speed_high`), `tokens_per_sentence` (generated, on average), `train_minutes`"),
+    ("mt_pairs.csv", "pair of Table 2 runs", "`model`, `init` against `against_model`, `against_init`: `delta` (test "
+     "BLEU difference), `low` to `high` (its 95% interval over `samples` paired bootstrap resamples of the test "
+     "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
     ("recall.csv", "model and distance", "`model`, `distance` (tokens between a span and its repeat), `span`, "
