@@ -16,11 +16,15 @@ import torch.nn.functional as F
 import job
 import train_lm
 from conftest import ROOT, run, write_corpus
+from data import load_corpus
 from runtime import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import gather  # noqa: E402
 import recall  # noqa: E402
+import repeat_corpus  # noqa: E402
 import report  # noqa: E402
+import study  # noqa: E402
 
 SPAN, DISTANCE, V = 5, 7, 50
 
@@ -75,7 +79,7 @@ def test_too_short_a_split_is_refused():
 
 
 @pytest.mark.parametrize("teacher_repeat, reading", [(0.9, "The softmax teacher copies"),
-                                                     (0.21, "The probe measures nothing here")])
+                                                     (0.21, "The softmax teacher does not copy")])
 def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
     """0.21 against 0.20 over 64 x 16 tokens is within two standard errors (0.0125 each): no copying to lose."""
     rows = [dict(model=m, distance=d, span=16, samples=64, repeat_accuracy=a, first_accuracy=0.2)
@@ -83,3 +87,40 @@ def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
     text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
     print(next(line for line in text.splitlines() if "teacher" in line))
     assert reading in text
+
+
+def test_every_fourth_line_is_followed_by_a_copy_of_a_recent_line():
+    lines = [f"line {i}" for i in range(40)]
+    out = repeat_corpus.with_repeated_lines(lines, every=4, back=3, seed=1)
+    assert len(out) == 50 and [line for j, line in enumerate(out) if j % 5 != 4] == lines
+    for j in range(4, 50, 5):  # each copy is of one of the 3 lines up to the 4th before it
+        assert out[j] in lines[(j // 5) * 4 + 1: (j // 5) * 4 + 4]
+
+
+def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
+    repeat_corpus.main(["--out", str(tmp_path)])
+    ptb = load_corpus("ptb")
+    assert all((tmp_path / f"{split}.txt").read_text() == ptb[split] for split in ("valid", "test"))
+    train = (tmp_path / "train.txt").read_text().splitlines()
+    assert len(train) == len(ptb["train"].splitlines()) * 5 // 4
+
+
+def test_the_copy_plan_is_the_recall_rows_trained_on_the_repeat_corpus(tmp_path):
+    plan = study.copy_runs(str(tmp_path), study.LM_SIZES["full"])
+    assert [(r.row["model"], r.row["init"]) for r in plan] == list(study.RECALL_ROWS)
+    assert all(r.flags["dataset"] == repeat_corpus.REPEATS_DIR and r.out_dir.startswith(str(tmp_path / "copy" / "lm"))
+               for r in plan)
+    assert plan[1].flags["pretrained"] == os.path.join(plan[0].out_dir, "ckpt.pt")  # its own teacher
+
+
+def test_the_recall_table_names_each_models_training_text(tmp_path):
+    for folder, accuracy in ((tmp_path, 0.2), (tmp_path / "copy", 0.9)):
+        os.makedirs(folder / "recall", exist_ok=True)
+        (folder / "recall" / "recall.csv").write_text("model,distance,span,samples,repeat_accuracy,first_accuracy\n"
+                                                      f"softmax,8,16,64,{accuracy},0.2\n")
+    rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(str(tmp_path))]
+    text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
+    print(text)
+    assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated lines) | 0.90 (0.20) |" in text
+    assert "**The softmax teacher does not copy**" in text
+    assert "The softmax teacher (trained with repeated lines) copies" in text

@@ -131,6 +131,18 @@ def provenance(out: str, runs: list, quick: bool) -> dict:
             "attention_analysis": os.path.isfile(os.path.join(out, "attention", "raw.csv"))}
 
 
+def recall_rows(out: str) -> list:
+    """recall.py's tables as it wrote them, of the models trained on PTB and of those trained with repeated lines
+    (study.copy_runs), a trained_on column first."""
+    rows = []
+    for trained_on, folder in (("ptb", out), ("ptb+repeats", os.path.join(out, "copy"))):
+        path = os.path.join(folder, "recall", "recall.csv")
+        if os.path.isfile(path):
+            with open(path, newline="") as f:
+                rows += [{"trained_on": trained_on, **row} for row in csv.DictReader(f)]
+    return rows
+
+
 # -----------------------------------------------------------------------------
 # Table 2's differences, with their noise: a paired bootstrap over the test sentences (Koehn, 2004)
 
@@ -208,11 +220,9 @@ def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool
                                 ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
-    recall = os.path.join(out, "recall", "recall.csv")
-    if os.path.isfile(recall):  # recall.py's own table, as it wrote it
-        with open(recall, newline="") as f:
-            rows = list(csv.DictReader(f))
-        write_csv(os.path.join(results_dir, "recall.csv"), rows, list(rows[0]) if rows else [])
+    recall = recall_rows(out)
+    if recall:
+        write_csv(os.path.join(results_dir, "recall.csv"), recall, list(recall[0]))
     write_json(os.path.join(results_dir, "machine.json"), provenance(out, lm_plan + mt_plan, quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
           f"curves.csv, recall.csv and machine.json")

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,  # noqa: E402
-                    half_range, model_name)
+                    half_range, model_name, recall_label)
 from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
 from runtime import UserError, atomic_write, run_main  # noqa: E402
 
@@ -212,32 +212,37 @@ def recall_section(results: dict, figure) -> list:
              f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
              "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
-             "loss there is not forgetting alone.", "",
+             "loss there is not forgetting alone." + (" Rows marked *trained with repeated lines* are the same models "
+             "trained on PTB with a copy of a recent line after every 4th line (experiments/repeat_corpus.py), where "
+             "copying pays; every row is probed on PTB's own validation text." if any(r.get("trained_on") ==
+             "ptb+repeats" for r in recall) else ""), "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
-    for model in dict.fromkeys(r["model"] for r in recall):
+    for label in dict.fromkeys(recall_label(r) for r in recall):
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
-                 for r in group(recall, model=model)}
-        lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
-    return lines + ["", *teacher_recall(recall), *figure("recall.png", "What the state forgets", "recall.csv")]
+                 for r in recall if recall_label(r) == label}
+        lines.append(f"| {label} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
+    notes = [line for corpus in dict.fromkeys(r.get("trained_on") for r in recall)
+             for line in teacher_recall([r for r in recall if r.get("trained_on") == corpus])]
+    return lines + ["", *notes, *figure("recall.png", "What the state forgets", "recall.csv")]
 
 
 def teacher_recall(recall: list) -> list:
     """Whether the softmax teacher copies the repeat at the shortest distance (more than two standard errors of
-    its accuracy above its first reading): where it does not, the probe measures nothing a state could lose."""
+    its accuracy above its first reading): where it does not, its rows measure nothing a state could lose."""
     rows = sorted(group(recall, model="softmax"), key=lambda r: r["distance"])
     if not rows:
         return []
     r = rows[0]
     p, n = r["first_accuracy"], r["samples"] * r["span"]
     error = math.sqrt(max(p * (1 - p), 1e-4) / n)  # the standard error of an accuracy over n tokens
-    gain = r["repeat_accuracy"] - p
-    if gain > 2 * error:
-        return [f"The softmax teacher copies: {r['repeat_accuracy']:.2f} on the repeat against {p:.2f} on the first "
-                f"reading at D = {r['distance']} (standard error {error:.3f}).", ""]
-    return [f"**The probe measures nothing here.** The softmax teacher does not copy: {r['repeat_accuracy']:.2f} on "
-            f"the repeat against {p:.2f} on the first reading at D = {r['distance']} (standard error {error:.3f}). "
-            "With no recall to lose, these rows say nothing of what a fixed-size state forgets; a teacher that has "
-            "learned to copy (more training, or a larger model) is needed to measure it.", ""]
+    measured = (f"{r['repeat_accuracy']:.2f} on the repeat against {p:.2f} on the first reading at "
+                f"D = {r['distance']} (standard error {error:.3f})")
+    teacher = recall_label(r).replace("softmax", "The softmax teacher")
+    if r["repeat_accuracy"] - p > 2 * error:
+        return [f"{teacher} copies: {measured}.", ""]
+    return [f"**{teacher} does not copy**: {measured}. With no recall to lose, the rows of the models trained "
+            "like it say nothing of what a fixed-size state forgets: a teacher that copies is needed to measure it.",
+            ""]
 
 
 def claims_table(claims: list) -> list:
@@ -273,8 +278,9 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("recall.csv", "model and distance", "`model`, `distance` (tokens between a span and its repeat), `span`, "
-     "`samples`, `repeat_accuracy`, `first_accuracy` (top-1, over the span's tokens 2..span)"),
+    ("recall.csv", "model and distance", "`trained_on` (ptb, or ptb+repeats: PTB with repeated lines), `model`, "
+     "`distance` (tokens between a span and its repeat), `span`, `samples`, `repeat_accuracy`, `first_accuracy` "
+     "(top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished")]

@@ -349,7 +349,16 @@ def run_attention(out: str, runs: list, quick: bool, dry_run: bool):
 RECALL_ROWS = (("softmax", "random"), ("t2r", "pretrained"), ("t2r-window", "pretrained"), ("sru++", "random"))
 
 
-def run_recall(out: str, runs: list, quick: bool, dry_run: bool):
+def copy_runs(out: str, size: dict) -> list:
+    """The recall rows again, trained on PTB with repeated lines (experiments/repeat_corpus.py), where the teacher
+    learns to copy: the same sizes and budgets, under out/copy."""
+    from repeat_corpus import REPEATS_DIR
+    plan = lm_runs(os.path.join(out, "copy"), {**size, "train": {**size["train"], "dataset": REPEATS_DIR}})
+    return [r for r in plan if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
+            and r.row["k"] in (None, MAIN_K)]
+
+
+def run_recall(out: str, runs: list, quick: bool, dry_run: bool, what: str = "recall probe"):
     """What the state forgets (experiments/recall.py): the teacher, T2R + pretrain, T2R + window and SRU++."""
     path = os.path.join(out, "recall", "recall.csv")
     needed = [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
@@ -358,7 +367,7 @@ def run_recall(out: str, runs: list, quick: bool, dry_run: bool):
     sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
     argv = [os.path.join(ROOT, "experiments", "recall.py"), *[a for c in checkpoints for a in ("--ckpt", c)],
             *sizes, "--out", path]
-    run_analysis("recall probe", path, needed, checkpoints, argv, dry_run)
+    run_analysis(what, path, needed, checkpoints, argv, dry_run)
 
 
 def measure_speed(runs: list, dry_run: bool):
@@ -381,8 +390,9 @@ def measure_speed(runs: list, dry_run: bool):
 
 def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
-    p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "recall", "mt", "results"],
-                   help="one part of the study (all: every part, in this order; results: the CSVs and the report)")
+    p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "recall", "copy", "mt", "results"],
+                   help="one part of the study (all: every part; copy: the recall rows trained on PTB with repeated "
+                   "lines, then their recall probe; results: the CSVs and the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -397,14 +407,20 @@ def main(argv=None):
                                                    os.path.join(ROOT, "results")))
     size = "quick" if args.quick else "full"
     lm_plan, mt_plan = lm_runs(out, LM_SIZES[size]), mt_runs(out, MT_SIZES[size])
+    copy_plan = copy_runs(out, LM_SIZES[size])
     t0 = time.time()
-    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan}  # all: the translators beside the LMs
+    plans = {"all": lm_plan + mt_plan + copy_plan, "lm": lm_plan, "mt": mt_plan, "copy": copy_plan}
     if args.stage in plans:
+        if copy_plan[0] in plans[args.stage] and not args.dry_run:
+            from repeat_corpus import write_corpus
+            write_corpus(copy_plan[0].flags["dataset"])  # the same files every time: cheap, and never stale
         execute(plans[args.stage], args.dry_run, args.jobs)
     if args.stage in ("all", "attention"):
         run_attention(out, lm_plan, args.quick, args.dry_run)
     if args.stage in ("all", "recall"):
         run_recall(out, lm_plan, args.quick, args.dry_run)
+    if args.stage in ("all", "copy"):
+        run_recall(os.path.join(out, "copy"), copy_plan, args.quick, args.dry_run, "recall probe, repeated lines")
     if args.stage in ("all", "mt"):
         measure_speed(mt_plan, args.dry_run)  # alone on the machine: nothing else runs by then
     if args.stage in ("all", "results") and not args.dry_run:

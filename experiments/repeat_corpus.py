@@ -1,0 +1,67 @@
+"""
+PTB with repeated lines: a corpus on which a small transformer learns to copy, so that the recall probe
+(experiments/recall.py) has something a fixed-size state could lose.
+
+    python experiments/repeat_corpus.py                        # writes data/ptb-repeats/{train,valid,test}.txt
+    python train_lm.py --dataset data/ptb-repeats ...          # then train and probe as on PTB
+
+Trained on PTB as it is, the study's 4-layer teacher never learns to copy: a span repeated 8 tokens later is
+predicted no better than on its first reading, so no model has recall to lose. Here every --every-th line of the
+training split is followed by a copy of one of the --back lines up to it (the same line included), so copying pays
+on a share of the text, at distances up to about --back x 21 tokens (PTB's mean line). valid.txt and test.txt are
+PTB's own, unchanged: the probe and the perplexities read the same text as for the models trained on PTB.
+"""
+
+import argparse
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from data import load_corpus  # noqa: E402
+from runtime import Parser, atomic_write, positive_int, run_main  # noqa: E402
+
+REPEATS_DIR = os.path.join(ROOT, "data", "ptb-repeats")
+
+
+def with_repeated_lines(lines: list, every: int, back: int, seed: int = 0) -> list:
+    """After every `every`-th line, a copy of one of the `back` lines up to it (itself included), drawn at random."""
+    rng = random.Random(seed)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        if (i + 1) % every == 0:
+            out.append(lines[i - rng.randrange(min(back, i + 1))])
+    return out
+
+
+def write_corpus(folder: str = REPEATS_DIR, every: int = 4, back: int = 16, seed: int = 0):
+    """folder/train.txt with repeated lines, valid.txt and test.txt as PTB's; the same files for the same flags."""
+    for split, text in load_corpus("ptb").items():
+        lines = original = text.splitlines()
+        if split == "train":
+            lines = with_repeated_lines(original, every, back, seed)
+            print(f"{folder}/train.txt: PTB's {len(original):,} lines and {len(lines) - len(original):,} repeated "
+                  f"ones; valid.txt and test.txt: PTB's")
+        path, text = os.path.join(folder, f"{split}.txt"), "\n".join(lines) + "\n"
+        if os.path.isfile(path) and open(path).read() == text:
+            continue  # left as it is: its time stamp says when the corpus last changed
+        with atomic_write(path) as tmp, open(tmp, "w") as f:
+            f.write(text)
+
+
+def main(argv=None):
+    p = Parser(prog="experiments/repeat_corpus.py", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=REPEATS_DIR, help="the folder written")
+    p.add_argument("--every", type=positive_int, default=4, help="a repeated line after every N-th training line")
+    p.add_argument("--back", type=positive_int, default=16, help="the copy is of one of the last N lines")
+    p.add_argument("--seed", type=int, default=0, help="which lines are copied")
+    args = p.parse_args(argv)
+    write_corpus(args.out, args.every, args.back, args.seed)
+
+
+if __name__ == "__main__":
+    run_main(main)
