@@ -221,6 +221,17 @@ def test_eval_only_reproduces_the_bleu(trained_translator):
     assert f"test: BLEU {saved['test']['bleu']:.2f}" in out.stdout
 
 
+def test_eval_only_keeps_the_learning_curve(trained_translator, tmp_path):
+    tmp, _, _ = trained_translator
+    shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
+    before = json.loads((tmp_path / "r/results.json").read_text())
+    train_mt("--eval_only", "--out_dir", "r", cwd=tmp_path)
+    after = json.loads((tmp_path / "r/results.json").read_text())
+    print("curve:", after.get("curve"))
+    assert after["curve"] == before["curve"] and len(after["curve"]) >= 2
+    assert after["test"]["bleu"] == before["test"]["bleu"]
+
+
 def test_softmax_control_continues_the_teacher(trained_translator, tmp_path):
     """--init pretrained --attn softmax: the teacher trained on for the finetuning budget, no swap."""
     tmp, corpus, _ = trained_translator

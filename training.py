@@ -426,4 +426,18 @@ def evaluate_finished(task: Task) -> dict:
     task.dtype = resolve_dtype(task.args.dtype, task.device)
     model = task.prepare(checkpoint).to(task.device)
     check_identity(checkpoint, task.identity(), path)
-    return write_results(task, task.report(model, checkpoint.get("train_seconds", 0.0)))
+    results = task.report(model, checkpoint.get("train_seconds", 0.0))
+    return write_results(task, {**training_record(task.args.out_dir), **results} if results else results)
+
+
+def training_record(out_dir: str) -> dict:
+    """What results.json says of the training itself (the learning curve, the figures after the transfer stage),
+    which evaluating the finished model again must keep: from ckpt.pt, the run's last state."""
+    path = os.path.join(out_dir, "ckpt.pt")
+    if not os.path.isfile(path):
+        return {}
+    checkpoint = load_checkpoint(path)
+    record = {"curve": checkpoint.get("curve", [])}
+    if checkpoint.get("after_transfer"):
+        record["after_transfer"] = checkpoint["after_transfer"]
+    return record
