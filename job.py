@@ -112,8 +112,9 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
 
 def apply_preset(args, presets: dict, finetune: dict):
     """--preset: its values for every flag not given on the command line; with --init pretrained, the finetuning
-    values on top (the paper's finetuning tables change only some of them)."""
-    if args.preset:
+    values on top (the paper's finetuning tables change only some of them). A resumed or evaluated run already
+    holds its preset's values, and the ones it changed: they stay."""
+    if args.preset and not (args.resume or args.eval_only):
         for key, value in {**presets[args.preset], **(finetune if args.init == "pretrained" else {})}.items():
             if key not in args.explicit:
                 setattr(args, key, value)

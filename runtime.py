@@ -141,7 +141,8 @@ def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = ()):
         if name not in args.explicit:
             setattr(args, name, value)
         elif name in growable and getattr(args, name) > value:
-            print(f"--{name} {getattr(args, name)}: {out_dir} trained with --{name} {value} goes on")
+            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on with its "
+                  f"other flags (--warmup_steps {saved.get('warmup_steps')})")
         elif value != getattr(args, name):
             raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
                             f"drop the flag to continue or evaluate that run, or pick another --out_dir")

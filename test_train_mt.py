@@ -22,6 +22,7 @@ import translate
 from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
                       tiny_translator, write_parallel)
 from mt_data import BOS_ID, EOS_ID
+from runtime import serializable
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 
@@ -259,19 +260,29 @@ def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
 
 
 def test_a_finished_run_trained_on_equals_the_longer_run(tmp_path):
-    """The inverse square-root schedule ignores --max_steps: --resume --max_steps 8 of a 4-step run is the 8-step run,
-    and the 4-step run's model.pt and results.json are kept aside."""
+    """The inverse square-root schedule ignores --max_steps: --resume --max_steps 8 of a 5-step run is the 8-step run
+    (its average leaves out the 5-step run's last snapshot, off the grid of 2), and the 5-step run's model.pt and
+    results.json are kept aside."""
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
     common = ["--dataset", corpus, *MT_TINY, "--bleu_sentences", "2", "--warmup_steps", "2"]
     train_mt(*common, "--max_steps", "8", "--out_dir", "straight", cwd=tmp_path)
-    train_mt(*common, "--max_steps", "4", "--out_dir", "longer", cwd=tmp_path)
+    train_mt(*common, "--max_steps", "5", "--out_dir", "longer", cwd=tmp_path)
     train_mt("--resume", "--out_dir", "longer", "--max_steps", "8", cwd=tmp_path)
     a = torch.load(tmp_path / "straight/model.pt", weights_only=True)
     b = torch.load(tmp_path / "longer/model.pt", weights_only=True)
     diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
-    assert report("trained on vs straight model.pt", diff) == 0 and b["step"] == 8
-    assert torch.load(tmp_path / "longer/model_step4.pt", weights_only=True)["step"] == 4
-    assert json.loads((tmp_path / "longer/results_step4.json").read_text())["curve"][-1][0] == 4
+    assert report("trained on vs straight model.pt", diff) == 0 and b["averaged_steps"] == [4, 6, 8]
+    assert torch.load(tmp_path / "longer/model_step5.pt", weights_only=True)["step"] == 5
+    assert json.loads((tmp_path / "longer/results_step5.json").read_text())["curve"][-1][0] == 5
+
+
+def test_a_resumed_preset_run_keeps_the_flags_it_was_given(tmp_path):
+    """--preset fills the flags not given when a run starts; resumed, the run's own values stand."""
+    args = train_mt_module.get_args(["--preset", "wmt14", "--init", "pretrained", "--max_steps", "25000",
+                                     "--out_dir", str(tmp_path)])
+    (tmp_path / "args.json").write_text(json.dumps(serializable(vars(args))))
+    resumed = train_mt_module.get_args(["--resume", "--out_dir", str(tmp_path)])
+    assert (resumed.max_steps, resumed.lr) == (25000, 2e-4)
 
 
 def test_a_shorter_run_on_resume_is_refused(tmp_path):

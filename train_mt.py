@@ -140,13 +140,18 @@ class MTTask(Task):
         if step <= self.args.transfer_steps:  # snapshots of the finetuning only: they are averaged
             return
         if self.ddp.is_main and (step % self.args.snapshot_interval == 0 or step == self.steps):
-            save_snapshot(model, self.args.out_dir, step, self.args.average_last)
+            save_snapshot(model, self.args.out_dir, step, self.args.average_last, self.snapshot_steps)
+
+    def snapshot_steps(self, step: int) -> bool:
+        """Snapshots on the --snapshot_interval grid, and the last step's. A run trained on (--resume --max_steps)
+        drops its shorter run's last snapshot where that was off the grid: a run started longer never took it."""
+        return step % self.args.snapshot_interval == 0 or step == self.steps
 
     def final_model(self, model):
         """The average of the last --average_last snapshots (the paper averages the last five epochs)."""
         if not self.ddp.is_main:  # only the main process writes snapshots, and only it decodes
             return model, {}
-        paths = snapshot_paths(self.args.out_dir)[-self.args.average_last:]
+        paths = snapshot_paths(self.args.out_dir, self.snapshot_steps)[-self.args.average_last:]
         final = Seq2SeqTransformer(model.config)
         final.load_state_dict(average_snapshots(paths))
         steps = [int(os.path.basename(p)[9:16]) for p in paths]
@@ -208,13 +213,17 @@ def load_translator_teacher(args):
 # -----------------------------------------------------------------------------
 # Snapshots and their average
 
-def snapshot_paths(out_dir: str) -> list:
-    return sorted(glob.glob(os.path.join(out_dir, "snapshot_*.pt")))
+def snapshot_paths(out_dir: str, wanted=lambda step: True) -> list:
+    """The snapshots in out_dir at the steps `wanted` accepts, oldest first."""
+    paths = sorted(glob.glob(os.path.join(out_dir, "snapshot_*.pt")))
+    return [p for p in paths if wanted(int(os.path.basename(p)[9:16]))]
 
 
-def save_snapshot(model, out_dir: str, step: int, keep: int):
+def save_snapshot(model, out_dir: str, step: int, keep: int, wanted=lambda step: True):
+    """Save this step's snapshot; delete the ones `wanted` rejects and all but the last `keep` of the others."""
     save_checkpoint(os.path.join(out_dir, f"snapshot_{step:07d}.pt"), {"model": model.state_dict(), "step": step})
-    for old in snapshot_paths(out_dir)[:-keep]:
+    kept = snapshot_paths(out_dir, wanted)[-keep:]
+    for old in set(snapshot_paths(out_dir)) - set(kept):
         os.remove(old)
 
 
