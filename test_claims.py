@@ -123,15 +123,17 @@ def test_one_bleu_point_apart_is_within_one_point():
     assert claims.mt_claims(mt)[0][3] == "yes"
 
 
-@pytest.mark.parametrize("low, expected", [(-0.4, "within noise"), (0.1, "yes")])
-def test_pretraining_in_bleu_needs_its_bootstrap_interval_above_zero(low, expected):
-    mt = [mt_row("t2r", "pretrained", 25.3, None), mt_row("t2r", "random", 25.0, None)]
-    pairs = [dict(model="t2r", init="pretrained", against_model="t2r", against_init="random", delta=0.3, low=low,
-                  high=0.9, samples=1000)]
+@pytest.mark.parametrize("bleu, low, high, expected", [(25.3, -0.4, 0.9, "within noise"), (25.3, 0.1, 0.9, "yes"),
+                                                        (24.7, -0.9, 0.4, "within noise"),
+                                                        (24.7, -0.9, -0.1, "**no**")])
+def test_pretraining_in_bleu_is_within_noise_where_its_bootstrap_interval_holds_zero(bleu, low, high, expected):
+    mt = [mt_row("t2r", "pretrained", bleu, None), mt_row("t2r", "random", 25.0, None)]
+    pairs = [dict(model="t2r", init="pretrained", against_model="t2r", against_init="random", delta=bleu - 25,
+                  low=low, high=high, samples=1000)]
     claim, = claims.mt_claims(mt, pairs)
     print(claim[2])
     assert claim[0] == "T2R benefits from pretraining (test BLEU)" and claim[3] == expected
-    assert f"95% interval {low:+.2f} to +0.90" in claim[2]
+    assert f"95% interval {low:+.2f} to {high:+.2f}" in claim[2]
 
 
 def test_corpus_bleu_from_sentence_statistics_is_sacrebleus():

@@ -81,7 +81,7 @@ def test_too_short_a_split_is_refused():
 @pytest.mark.parametrize("teacher_repeat, reading", [(0.9, "The softmax teacher copies"),
                                                      (0.21, "The softmax teacher does not copy")])
 def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
-    """0.21 against 0.20 over 64 x 16 tokens is within two standard errors (0.0125 each): no copying to lose."""
+    """0.21 against 0.20 over 64 x 15 tokens is within two standard errors of the difference (0.018): no copying."""
     rows = [dict(model=m, distance=d, span=16, samples=64, repeat_accuracy=a, first_accuracy=0.2)
             for m, a in (("softmax", teacher_repeat), ("t2r+pretrain", 0.2)) for d in (8, 64)]
     text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))

@@ -128,6 +128,8 @@ def test_a_teacher_given_more_steps_trains_on_before_its_conversions(tmp_path):
     study.execute([teacher], dry_run=False, jobs=1)
     (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
     teacher.flags["max_steps"] = 8
+    assert study.state(teacher) == "done", "a language model's cosine schedule cannot be trained on"
+    teacher.script = "train_mt.py"  # a translator's can
     assert study.state(teacher) == "shorter" and study.command(teacher)[-1] == "--resume"
     assert not study.ready(student, [teacher, student])
 
@@ -140,6 +142,7 @@ def test_a_conversion_of_an_older_teacher_is_refused(tmp_path, teacher_since):
     if teacher_since == "trains on":
         (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
         teacher.flags["max_steps"] = 8
+        teacher.script = "train_mt.py"
     else:
         model = tmp_path / "teacher" / "ckpt.pt"  # the plan's --pretrained
         model.write_bytes(b"")

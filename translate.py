@@ -259,7 +259,8 @@ def evaluate_bleu(model, tokenizer, corpus: dict, args, device, splits=("valid",
         t0 = time.time()
         hyps = translate_sentences(model, tokenizer, [s for s, _ in pairs], args, device, progress=True)
         if out_dir:
-            with atomic_write(os.path.join(out_dir, f"{split}.hyp")) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            with atomic_write(os.path.join(out_dir, f"{split}.hyp")) as tmp, \
+                    open(tmp, "w", encoding="utf-8", newline="") as f:  # newline="": a "\r" stays in its line
                 f.writelines(h.replace("\n", " ") + "\n" for h in hyps)
         results[split] = bleu_scores(hyps, [t for _, t in pairs], args.tgt)
         results[split]["decode_seconds"] = round(time.time() - t0, 1)

@@ -294,12 +294,12 @@ def mt_claims(mt: list, pairs: list = ()) -> list:
                        f"{t2r['bleu']:.2f} vs {soft['bleu']:.2f}{interval(t2r, soft)[0]}",
                        verdict(t2r["bleu"] >= soft["bleu"] or within(soft["bleu"], t2r["bleu"], COMPARABLE_BLEU))))
     if t2r and t2r_rand:
-        text, low = interval(t2r, t2r_rand)
-        better = t2r["bleu"] > t2r_rand["bleu"]
+        text, low, high = interval(t2r, t2r_rand)
+        noise = low is not None and low <= 0 <= high  # the interval holds no difference: either way, within noise
         claims.append(("T2R benefits from pretraining (test BLEU)",
                        f"{paper('t2r')} vs {paper('t2r', 'random')} (random init)",
                        f"{t2r['bleu']:.2f} vs {t2r_rand['bleu']:.2f}{text}",
-                       "within noise" if better and low is not None and low <= 0 else verdict(better)))
+                       "within noise" if noise else verdict(t2r["bleu"] > t2r_rand["bleu"])))
     if t2r and elu:
         claims.append(("ELU + pretrain is comparable to T2R + pretrain (within 1 BLEU)",
                        f"{paper('elu')} vs {paper('t2r')}", f"{elu['bleu']:.2f} vs {t2r['bleu']:.2f}"
@@ -395,12 +395,12 @@ def convergence_checks(curves: list) -> list:
 
 
 def bootstrap_interval(pairs: list, a: dict, b: dict) -> tuple:
-    """(" (difference d, 95% interval lo to hi)" or "", the interval's low end or None) of rows a and b."""
+    """(" (difference d, 95% interval lo to hi)" or "", the interval's ends or None) of rows a and b."""
     found = group(pairs, model=a["model"], init=a["init"], against_model=b["model"], against_init=b["init"])
     if not found:
-        return "", None
+        return "", None, None
     p = found[0]
-    return f" (difference {p['delta']:+.2f}, 95% interval {p['low']:+.2f} to {p['high']:+.2f})", p["low"]
+    return f" (difference {p['delta']:+.2f}, 95% interval {p['low']:+.2f} to {p['high']:+.2f})", p["low"], p["high"]
 
 
 def all_claims(results: dict) -> list:

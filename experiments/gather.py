@@ -13,7 +13,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study import MAIN_K, attention_checkpoints, read_json, run_state, shorten  # noqa: E402
+from study import MAIN_K, attention_checkpoints, read_json, shorten, state  # noqa: E402
 from runtime import UserError, write_csv, write_json  # noqa: E402
 
 
@@ -28,7 +28,7 @@ MT_COLUMNS = ["model", "init", "k_cross", "k_causal", "bleu", "valid_bleu", "tok
 
 
 def finished(runs: list) -> list:
-    return [r for r in runs if run_state(r.out_dir) == "done"]
+    return [r for r in runs if state(r) == "done"]
 
 
 def lm_rows(runs: list) -> list:
@@ -187,7 +187,7 @@ def mt_pair_rows(runs: list) -> list:
     if not pairs:
         return []
     references = test_references(done[pairs[0][0]].out_dir)
-    stats = {key: bleu_statistics(read_lines(os.path.join(run.out_dir, "test.hyp")), references)
+    stats = {key: bleu_statistics(read_hypotheses(os.path.join(run.out_dir, "test.hyp"), references), references)
              for key, run in done.items()}
     rows = []
     for a, b in pairs:
@@ -205,13 +205,19 @@ def test_references(out_dir: str) -> list:
     return [target for _, target in corpus["test"][: args.get("bleu_sentences") or None]]
 
 
-def read_lines(path: str) -> list:
-    with open(path, encoding="utf-8") as f:
-        return f.read().split("\n")[:-1]
+def read_hypotheses(path: str, references: list) -> list:
+    """A run's translations, a line each as translate.evaluate_bleu wrote them, one per reference."""
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = f.read().split("\n")[:-1]
+    if len(lines) != len(references):
+        raise UserError(f"{path} has {len(lines)} translations for {len(references)} test sentences: rerun "
+                        f"train_mt.py --eval_only --out_dir {os.path.dirname(path)}")
+    return lines
 
 
-def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
-    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
+def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_plan: tuple = ()):
+    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads. The
+    copy plan's runs (trained with repeated lines) count in machine.json; the recall table reads their probe."""
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
@@ -223,7 +229,7 @@ def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool
     recall = recall_rows(out)
     if recall:
         write_csv(os.path.join(results_dir, "recall.csv"), recall, list(recall[0]))
-    write_json(os.path.join(results_dir, "machine.json"), provenance(out, lm_plan + mt_plan, quick))
+    write_json(os.path.join(results_dir, "machine.json"), provenance(out, [*lm_plan, *mt_plan, *copy_plan], quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
           f"curves.csv, recall.csv and machine.json")
 

@@ -233,12 +233,12 @@ def teacher_recall(recall: list) -> list:
     if not rows:
         return []
     r = rows[0]
-    p, n = r["first_accuracy"], r["samples"] * r["span"]
-    error = math.sqrt(max(p * (1 - p), 1e-4) / n)  # the standard error of an accuracy over n tokens
-    measured = (f"{r['repeat_accuracy']:.2f} on the repeat against {p:.2f} on the first reading at "
-                f"D = {r['distance']} (standard error {error:.3f})")
+    p, q, n = r["first_accuracy"], r["repeat_accuracy"], r["samples"] * (r["span"] - 1)  # tokens scored
+    error = math.sqrt((max(p * (1 - p), 1e-4) + max(q * (1 - q), 1e-4)) / n)  # of the difference q - p
+    measured = (f"{q:.2f} on the repeat against {p:.2f} on the first reading at D = {r['distance']} (the "
+                f"difference's standard error: {error:.3f})")
     teacher = recall_label(r).replace("softmax", "The softmax teacher")
-    if r["repeat_accuracy"] - p > 2 * error:
+    if q - p > 2 * error:
         return [f"{teacher} copies: {measured}.", ""]
     return [f"**{teacher} does not copy**: {measured}. With no recall to lose, the rows of the models trained "
             "like it say nothing of what a fixed-size state forgets: a teacher that copies is needed to measure it.",

@@ -184,7 +184,9 @@ def run_state(out_dir: str, max_steps: int | None = None) -> str:
 
 
 def state(run: Run) -> str:
-    return run_state(run.out_dir, run.flags.get("max_steps"))
+    """The run's state against the plan: a finished translator given more steps is "shorter" (a language model's
+    cosine schedule ends at its --max_steps: train_lm.py refuses to train one on)."""
+    return run_state(run.out_dir, run.flags.get("max_steps") if run.script == "train_mt.py" else None)
 
 
 def command(run: Run) -> list:
@@ -425,7 +427,7 @@ def main(argv=None):
         measure_speed(mt_plan, args.dry_run)  # alone on the machine: nothing else runs by then
     if args.stage in ("all", "results") and not args.dry_run:
         from gather import gather
-        gather(out, results_dir, lm_plan, mt_plan, args.quick)
+        gather(out, results_dir, lm_plan, mt_plan, args.quick, copy_plan)
         import report
         report.write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
