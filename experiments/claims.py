@@ -405,5 +405,6 @@ def bootstrap_interval(pairs: list, a: dict, b: dict) -> tuple:
 
 def all_claims(results: dict) -> list:
     """Every claim, in the order of the paper: Table 1, Figs. 4-6, Table 2, Fig. 2."""
-    return (lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"]) + mt_claims(results["mt"], results.get("mt_pairs", []))
+    return (lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"])
+            + mt_claims(results["mt"], results.get("mt_pairs", []))
             + length_claims(results.get("bench", [])))

@@ -355,16 +355,19 @@ def copy_runs(out: str, size: dict) -> list:
     """The recall rows again, trained on PTB with repeated lines (experiments/repeat_corpus.py), where the teacher
     learns to copy: the same sizes and budgets, under out/copy."""
     from repeat_corpus import REPEATS_DIR
-    plan = lm_runs(os.path.join(out, "copy"), {**size, "train": {**size["train"], "dataset": REPEATS_DIR}})
-    return [r for r in plan if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
+    return recall_runs(lm_runs(os.path.join(out, "copy"), {**size, "train": {**size["train"], "dataset": REPEATS_DIR}}))
+
+
+def recall_runs(runs: list) -> list:
+    """The runs the recall probe reads: RECALL_ROWS at seed 0 and Table 1's k."""
+    return [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
             and r.row["k"] in (None, MAIN_K)]
 
 
 def run_recall(out: str, runs: list, quick: bool, dry_run: bool, what: str = "recall probe"):
     """What the state forgets (experiments/recall.py): the teacher, T2R + pretrain, T2R + window and SRU++."""
     path = os.path.join(out, "recall", "recall.csv")
-    needed = [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
-              and r.row["k"] in (None, MAIN_K)]
+    needed = recall_runs(runs)
     checkpoints = [os.path.join(r.out_dir, "model.pt") for r in needed]
     sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
     argv = [os.path.join(ROOT, "experiments", "recall.py"), *[a for c in checkpoints for a in ("--ckpt", c)],
