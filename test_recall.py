@@ -21,6 +21,7 @@ from runtime import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import gather  # noqa: E402
+import probes  # noqa: E402
 import recall  # noqa: E402
 import repeat_corpus  # noqa: E402
 import report  # noqa: E402
@@ -107,18 +108,22 @@ def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
 
 def test_the_copy_plan_is_the_recall_rows_trained_on_the_repeat_corpus(tmp_path):
     plan = study.copy_runs(str(tmp_path), study.LM_SIZES["full"])
-    assert [(r.row["model"], r.row["init"]) for r in plan] == list(study.RECALL_ROWS)
+    assert [(r.row["model"], r.row["init"]) for r in plan] == list(probes.RECALL_ROWS)
     assert all(r.flags["dataset"] == repeat_corpus.REPEATS_DIR and r.out_dir.startswith(str(tmp_path / "copy" / "lm"))
                for r in plan)
     assert plan[1].flags["pretrained"] == os.path.join(plan[0].out_dir, "ckpt.pt")  # its own teacher
 
 
 def test_the_recall_table_names_each_models_training_text(tmp_path):
-    for folder, accuracy in ((tmp_path, 0.2), (tmp_path / "copy", 0.9)):
-        os.makedirs(folder / "recall", exist_ok=True)
-        (folder / "recall" / "recall.csv").write_text("model,distance,span,samples,repeat_accuracy,first_accuracy\n"
-                                                      f"softmax,8,16,64,{accuracy},0.2\n")
-    rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(str(tmp_path))]
+    lm_plan = study.lm_runs(str(tmp_path), study.LM_SIZES["quick"])
+    copy_plan = study.copy_runs(str(tmp_path), study.LM_SIZES["quick"])
+    for plan, accuracy in ((lm_plan, 0.2), (copy_plan, 0.9)):  # each run's probe writes its own file
+        os.makedirs(plan[0].out_dir)
+        for name, text in (("results.json", "{}"), ("recall.csv", "model,distance,span,samples,repeat_accuracy,"
+                                                    f"first_accuracy\nsoftmax,8,16,64,{accuracy},0.2\n")):
+            with open(os.path.join(plan[0].out_dir, name), "w") as f:
+                f.write(text)
+    rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(lm_plan, copy_plan)]
     text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
     print(text)
     assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated lines) | 0.90 (0.20) |" in text

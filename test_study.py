@@ -27,6 +27,7 @@ from translate import decode_speed, greedy_decode, measure_run
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import report as study_report  # noqa: E402  (conftest's report() prints a difference)
 import gather  # noqa: E402
+import probes  # noqa: E402
 import study  # noqa: E402
 
 
@@ -271,14 +272,12 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
     assert "48 runs, 0 already done" in result.stdout  # the language models, the translators, the copy runs
-    assert "[36/48] t2r-random-k64-s0: todo" in result.stdout and "attention analysis: todo" in result.stdout
-    assert "recall probe: todo" in result.stdout
+    assert "[36/48] t2r-random-k64-s0: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    ("experiments/study.py", ["--quick", "--stage", "attention", "--out", "study"],
-     "the attention analysis needs finished runs; not finished: softmax-random-s0, t2r-pretrained-k32-s0"),
+    ("experiments/probes.py", ["speed", "nowhere"], "no model.pt in nowhere: give the folder of a finished train_mt.py"),
     ("experiments/report.py", ["--results", "."], "lm_ptb.csv: run python experiments/study.py first"),
 ])
 def test_study_and_report_errors_are_one_line(tmp_path, script, argv, message):
@@ -319,20 +318,21 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
             "valid": {"bleu": b + 1}, "test": {"bleu": b, "tok_bleu": b + 0.5}, "train_minutes": 3.0,
             "k_cross": None if r.row["model"] == "softmax" else 32, "k_causal": 4, "curve": curve})
         fake_json(os.path.join(r.out_dir, "speed.json"), {"tokens_per_s": speed_[r.row["model"]]})
-    lines = ["model,stage,attn,k,distance,entropy,empty_rows,windows", "teacher.pt,teacher,softmax,,,2.0,0.0,4"]
-    lines += [f"teacher -> t2r k={k},before finetuning,t2r,{k},{1.0 / k + 0.5},5.0,0.0,4" for k in study.FEATURE_SIZES]
-    for stage, k, r in study.attention_checkpoints(lm_plan):
+    header, teacher = "model,stage,attn,k,distance,entropy,empty_rows,windows", "teacher.pt,teacher,softmax,,,2.0,0.0,4"
+    before = [f"teacher -> t2r k={k},before finetuning,t2r,{k},{1.0 / k + 0.5},5.0,0.0,4" for k in study.FEATURE_SIZES]
+    write_lines(os.path.join(lm_plan[0].out_dir, "attention.csv"), [header, teacher, *before])
+    for stage, k, r in probes.attention_checkpoints(lm_plan):  # each with a teacher row the tables leave out
         distance = {"finetuned": 0.1 + 1 / k, "mlp_frozen": 0.2 + 1 / k, "random_init": ""}[stage]
         entropy = {"finetuned": 3.0, "mlp_frozen": 3.5, "random_init": 4.0}[stage] - k / 100
-        lines.append(f"{os.path.join(r.out_dir, 'ckpt.pt')},x,t2r,{k},{distance},{entropy},0.0,4")
-    os.makedirs(os.path.join(out, "attention"))
-    with open(os.path.join(out, "attention", "raw.csv"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    recall = ["model,distance,span,samples,repeat_accuracy,first_accuracy"]
-    recall += [f"{m},{d},16,64,{a - d / 1000},0.2" for m, a in (("softmax", 0.9), ("t2r+pretrain", 0.5)) for d in (8, 64)]
-    os.makedirs(os.path.join(out, "recall"))
-    with open(os.path.join(out, "recall", "recall.csv"), "w") as f:
-        f.write("\n".join(recall) + "\n")
+        row = f"{r.out_dir}/ckpt.pt,{'checkpoint' if distance == '' else 'finetuned'},t2r,{k},{distance},{entropy},0.0,4"
+        write_lines(os.path.join(r.out_dir, "attention.csv"), [header, teacher.replace("2.0", "9.0"), row])
+    for r, name, a in zip(probes.recall_runs(lm_plan), ("softmax", "t2r+pretrain"), (0.9, 0.5)):
+        write_lines(os.path.join(r.out_dir, "recall.csv"), ["model,distance,span,samples,repeat_accuracy,first_accuracy",
+                                                            *[f"{name},{d},16,64,{a - d / 1000},0.2" for d in (8, 64)]])
+
+
+def write_lines(path, lines):
+    open(path, "w").write("\n".join(lines) + "\n")
 
 
 def read_rows(path):
@@ -348,7 +348,7 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     out, results = str(tmp_path / "study"), str(tmp_path / "results")
     lm_plan, mt_plan = study.lm_runs(out, study.LM_SIZES["quick"]), study.mt_runs(out, study.MT_SIZES["quick"])
     fake_runs(out, lm_plan, mt_plan)
-    gather.gather(out, results, lm_plan, mt_plan, quick=True)
+    gather.gather(results, lm_plan, mt_plan, quick=True)
     study_report.write_report(results)
     lm = read_rows(os.path.join(results, "lm_ptb.csv"))
     assert list(lm[0]) == gather.LM_COLUMNS

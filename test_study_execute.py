@@ -3,6 +3,7 @@ and Ctrl-C reaching every run once, so that each saves. Stand-in trainers, a sec
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from conftest import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import study  # noqa: E402
+from records import Records  # noqa: E402
 
 # A stand-in for train_lm.py: notes when it ran, whether its teacher was done and how many Ctrl-Cs it got (a real
 # run saves on the first and quits without saving on a second), then writes its results or exits 130.
@@ -35,6 +37,10 @@ with open(os.path.join(out, "trace.json"), "w") as f:
                "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
 if signals:
     sys.exit(130)
+if "--weights" in flags:  # a checkpoint with one weight, for the records' digests
+    import torch
+    for name in ("ckpt.pt", "model.pt"):
+        torch.save({"model": {"w": torch.tensor([float(flags["--weights"])])}}, os.path.join(out, name))
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({"valid": {"ppl": 1.0}, "test": {"ppl": 1.0}, "train_minutes": 0.0}, f)
 """
@@ -149,3 +155,61 @@ def test_a_conversion_of_an_older_teacher_is_refused(tmp_path, teacher_since):
         os.utime(model, (time.time() + 5, time.time() + 5))
     with pytest.raises(study.UserError, match="student converted an earlier model of a teacher .*delete it"):
         study.execute([teacher, student], dry_run=False, jobs=1)
+
+
+# -----------------------------------------------------------------------------
+# Probes and records: a run is probed right after it trains; a finished run's record lets a new out/ continue
+
+PROBE = """
+import os, sys, time
+with open(os.path.join(sys.argv[1], "probe.txt"), "w") as f:
+    f.write(str(time.time()))
+"""
+
+
+def test_a_run_is_probed_after_it_trains_and_done_only_then(tmp_path):
+    teacher = fake_plan(tmp_path, seconds=0.1)[0]
+    teacher.flags["weights"] = 1.0  # the probe reads them
+    (tmp_path / "probe.py").write_text(PROBE)
+    teacher.probes = [("probe.txt", [str(tmp_path / "probe.py"), teacher.out_dir])]
+    study.execute([teacher], dry_run=False, jobs=1)
+    assert float((tmp_path / "teacher" / "probe.txt").read_text()) >= trace(teacher)["end"]
+    os.remove(tmp_path / "teacher" / "probe.txt")
+    assert study.trained(teacher) == "done" and study.state(teacher) == "probe"
+
+
+def kept_plan(tmp_path, teacher_weights=1.0, students=("student",)):
+    """A teacher with weights and its conversions, under tmp_path/out, their records under tmp_path/records."""
+    script = tmp_path / "fake_trainer.py"
+    script.write_text(FAKE_TRAINER)
+    out = tmp_path / "out"
+    run = lambda name, **flags: study.Run(name, str(script), {"seconds": 0.1, "weights": teacher_weights, **flags,
+                                                              "out_dir": str(out / name)})
+    plan = [run("teacher")] + [run(name, pretrained=str(out / "teacher" / "ckpt.pt")) for name in students]
+    return plan, Records(str(out), str(tmp_path / "records"))
+
+
+def test_a_lost_out_dir_is_restored_from_the_records_and_nothing_retrains(tmp_path):
+    plan, records = kept_plan(tmp_path)
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    assert json.loads((tmp_path / "records" / "student" / "weights.json").read_text())["teacher"] == \
+        json.loads((tmp_path / "records" / "teacher" / "weights.json").read_text())["ckpt.pt"]
+    shutil.rmtree(tmp_path / "out")  # a new machine
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    assert all(study.state(r) == "done" and not os.path.exists(os.path.join(r.out_dir, "trace.json")) for r in plan)
+
+
+def test_a_kept_teacher_trains_again_for_a_new_conversion_and_must_match_its_record(tmp_path):
+    plan, records = kept_plan(tmp_path)
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    shutil.rmtree(tmp_path / "out")
+    plan, _ = kept_plan(tmp_path, students=("student", "new"))
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    teacher, student, new = plan
+    assert os.path.exists(os.path.join(teacher.out_dir, "trace.json")), "the teacher trained again"
+    assert not os.path.exists(os.path.join(student.out_dir, "trace.json")) and trace(new)["teacher_done"]
+    shutil.rmtree(tmp_path / "out")
+    plan, _ = kept_plan(tmp_path, teacher_weights=2.0, students=("student", "new", "newer"))
+    with pytest.raises(study.UserError, match="out/student, .*out/new converted an earlier model of a teacher"):
+        study.execute(plan, dry_run=False, jobs=1, records=records)
+    assert not os.path.exists(plan[3].out_dir), "no conversion of the changed teacher started"

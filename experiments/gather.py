@@ -1,7 +1,8 @@
 """
-The study's results files, gathered from its run folders: each finished run's results.json (and speed.json, the
-attention analysis' and the recall probe's tables, the translators' test.hyp) into results/*.csv, floats to 4
-decimals, and where and when the runs ran into results/machine.json. experiments/report.py reads these files alone.
+The study's results files, gathered from its run folders: each finished run's results.json and its probes'
+files (experiments/probes.py: attention.csv, recall.csv, speed.json), the translators' test.hyp, into
+results/*.csv, floats to 4 decimals, and where and when the runs ran into results/machine.json.
+experiments/report.py reads these files alone.
 """
 
 import csv
@@ -13,7 +14,8 @@ import torch
 from sacrebleu.metrics import BLEU
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from study import MAIN_K, attention_checkpoints, read_json, shorten, state  # noqa: E402
+from probes import MAIN_K, attention_checkpoints, recall_runs  # noqa: E402
+from study import read_json, shorten, state  # noqa: E402
 from runtime import UserError, write_csv, write_json  # noqa: E402
 
 
@@ -85,29 +87,29 @@ def mt_rows(runs: list) -> list:
     return rows
 
 
-def attention_rows(out: str, runs: list, lm: list) -> list:
-    raw = os.path.join(out, "attention", "raw.csv")
-    if not os.path.isfile(raw):
-        return []
-    by_checkpoint = {os.path.join(r.out_dir, "ckpt.pt"): (stage, k, r) for stage, k, r in attention_checkpoints(runs)}
+def attention_rows(runs: list, lm: list) -> list:
+    """Figs. 5-6: the teacher's attention.csv (the teacher, and the teacher swapped to T2R at each k before
+    finetuning), then each analysed T2R model's row of its own (its file's teacher row is left out)."""
     ppl = {(row["model"], row["init"], row["k"], row["seed"]): row["valid_ppl"] for row in lm}
     rows = []
-    with open(raw) as f:
-        for row in csv.DictReader(f):
-            number = lambda name: float(row[name]) if row[name] != "" else None
-            entry = dict(distance=number("distance"), entropy=number("entropy"), empty_rows=number("empty_rows"),
-                         windows=int(row["windows"]))
-            if row["stage"] == "teacher":
-                entry.update(stage="teacher", k=None, valid_ppl=ppl.get(("softmax", "random", None, 0)))
-            elif row["stage"] == "before finetuning":
-                entry.update(stage="before_finetuning", k=int(row["k"]), valid_ppl=None)
-            elif row["model"] in by_checkpoint:
-                stage, k, run = by_checkpoint[row["model"]]
-                entry.update(stage=stage, k=k, valid_ppl=ppl.get((run.row["model"], run.row["init"], k, 0)))
-            else:
-                raise UserError(f"{raw} names {row['model']}, which is not a run of this study (moved?): delete "
-                                f"{raw} and rerun --stage attention")
-            rows.append(entry)
+    for stage, k, run in [("teacher", None, runs[0])] + attention_checkpoints(runs):
+        path = os.path.join(run.out_dir, "attention.csv")
+        if state(run) != "done" or not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if (row["stage"] == "teacher") != (stage == "teacher") and row["stage"] != "before finetuning":
+                    continue
+                number = lambda name: float(row[name]) if row[name] != "" else None
+                entry = dict(distance=number("distance"), entropy=number("entropy"), empty_rows=number("empty_rows"),
+                             windows=int(row["windows"]))
+                if row["stage"] == "before finetuning":
+                    entry.update(stage="before_finetuning", k=int(row["k"]), valid_ppl=None)
+                else:
+                    model, init = ("softmax", "random") if stage == "teacher" else (run.row["model"], run.row["init"])
+                    key = (model, init, k, run.row["seed"])
+                    entry.update(stage=stage, k=k, valid_ppl=ppl.get(key))
+                rows.append(entry)
     order = ["teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"]
     return sorted(rows, key=lambda r: (order.index(r["stage"]), r["k"] or 0))
 
@@ -117,7 +119,7 @@ def rounded(rows: list, columns: list) -> list:
     return [{c: f"{r[c]:.4f}" if isinstance(r.get(c), float) else r.get(c) for c in columns} for r in rows]
 
 
-def provenance(out: str, runs: list, quick: bool) -> dict:
+def provenance(runs: list, lm_plan: list, quick: bool) -> dict:
     """results/machine.json: the command, and where and when the finished runs ran (grouped)."""
     machines = {}
     for run in finished(runs):
@@ -128,18 +130,20 @@ def provenance(out: str, runs: list, quick: bool) -> dict:
         machines[key] = {**where, "runs": machines.get(key, {}).get("runs", 0) + 1}
     return {"command": "bash experiments/reproduce.sh" + (" --quick" if quick else ""),
             "machines": list(machines.values()), "runs_planned": len(runs), "runs_finished": len(finished(runs)),
-            "attention_analysis": os.path.isfile(os.path.join(out, "attention", "raw.csv"))}
+            "attention_analysis": all(os.path.isfile(os.path.join(r.out_dir, "attention.csv"))
+                                      for r in [lm_plan[0]] + [r for _, _, r in attention_checkpoints(lm_plan)])}
 
 
-def recall_rows(out: str) -> list:
-    """recall.py's tables as it wrote them, of the models trained on PTB and of those trained with repeated lines
-    (study.copy_runs), a trained_on column first."""
+def recall_rows(lm_plan: list, copy_plan: list) -> list:
+    """recall.py's rows, as each recall run's probe wrote them, of the models trained on PTB and of those trained
+    with repeated lines (study.copy_runs), a trained_on column first."""
     rows = []
-    for trained_on, folder in (("ptb", out), ("ptb+repeats", os.path.join(out, "copy"))):
-        path = os.path.join(folder, "recall", "recall.csv")
-        if os.path.isfile(path):
-            with open(path, newline="") as f:
-                rows += [{"trained_on": trained_on, **row} for row in csv.DictReader(f)]
+    for trained_on, plan in (("ptb", lm_plan), ("ptb+repeats", copy_plan)):
+        for run in recall_runs(plan):
+            path = os.path.join(run.out_dir, "recall.csv")
+            if state(run) == "done" and os.path.isfile(path):
+                with open(path, newline="") as f:
+                    rows += [{"trained_on": trained_on, **row} for row in csv.DictReader(f)]
     return rows
 
 
@@ -215,21 +219,21 @@ def read_hypotheses(path: str, references: list) -> list:
     return lines
 
 
-def gather(out: str, results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_plan: tuple = ()):
+def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_plan: tuple = ()):
     """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads. The
     copy plan's runs (trained with repeated lines) count in machine.json; the recall table reads their probe."""
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
-                                ("attention.csv", ATTENTION_COLUMNS, attention_rows(out, lm_plan, lm)),
+                                ("attention.csv", ATTENTION_COLUMNS, attention_rows(lm_plan, lm)),
                                 ("mt.csv", MT_COLUMNS, mt_rows(mt_plan)),
                                 ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
-    recall = recall_rows(out)
+    recall = recall_rows(lm_plan, copy_plan)
     if recall:
         write_csv(os.path.join(results_dir, "recall.csv"), recall, list(recall[0]))
-    write_json(os.path.join(results_dir, "machine.json"), provenance(out, [*lm_plan, *mt_plan, *copy_plan], quick))
+    write_json(os.path.join(results_dir, "machine.json"), provenance([*lm_plan, *mt_plan, *copy_plan], lm_plan, quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
           f"curves.csv, recall.csv and machine.json")
 

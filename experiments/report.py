@@ -283,7 +283,10 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "(top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
-    ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished")]
+    ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),
+    ("runs/", "finished run", "its record (experiments/records.py), from which the CSVs are gathered: "
+     "`results.json`, `args.json`, `machine.json`, `weights.json` (digests of its weights and its teacher's), and "
+     "its probes' `attention.csv`, `recall.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`")]
 
 
 def results_page(results: dict, claims: list) -> list:

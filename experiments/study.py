@@ -6,17 +6,19 @@ The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs
     python experiments/study.py --dry_run            # print the plan: every run, its command, done or not
     python experiments/study.py --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
 
-Every run is a plain train_lm.py / train_mt.py command with its own out_dir. A run with a results.json is
+Every run is a plain train_lm.py / train_mt.py command with its own out_dir, followed by its probes
+(experiments/probes.py: the attention analysis, the recall probe, a translator's speed), which read its weights
+while they are there. A finished run's results are kept in results/runs/ (experiments/records.py), so that a study
+continued on a new machine, whose out/ is empty, trains only what is missing. A run with a results.json is
 skipped, a run with a ckpt.pt but no results.json is resumed, so an interrupted study (Ctrl-C, or
 `kill -INT` of this script: each run saves first) continues where it stopped. With --jobs 2 two runs share the
-machine, a conversion starting once its teacher is done. After the runs come the attention analysis
-(analyze_attention.py), the recall probe (experiments/recall.py) and the translation speed probe
-(translate.measure_run, alone on the machine); then experiments/gather.py collects each run's results into
-results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables, plots
-and claims of results/README.md.
+machine, a conversion starting once its teacher is trained. Then experiments/gather.py collects each run's results
+into results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables,
+plots and claims of results/README.md.
 
-The sizes: about 8 hours on a 2-core CPU, two runs at a time (estimated from the speed of its first runs,
-2,700-3,000 tokens/s each). At them the LM teacher is measured short of the convergence rule (below): its plateau
+The sizes: about 15 hours on a 2-core CPU, two runs at a time (1,860 CPU-minutes: a 2400-step language model takes
+about 77 minutes at 2,100 tokens/s, a finetuning a fifth of that, a 4800-step translator about 95): it is meant
+to be stopped and continued, on this machine or another, results/runs/ carrying the finished runs. At them the LM teacher is measured short of the convergence rule (below): its plateau
 is several doublings of compute away. The claims it tests are orderings and ratios, not the paper's absolute
 numbers.
 """
@@ -33,6 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from t2r import Config, feature_sizes  # noqa: E402
 from runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json  # noqa: E402
+from probes import FEATURE_SIZES, MAIN_K, add_probes, recall_runs  # noqa: E402
+from records import Records, machine, weights_of  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64
@@ -54,8 +58,6 @@ LM_SIZES = dict(full=dict(model=dict(n_layer=4, n_head=2, d_model=128, d_ff=512)
                                       eval_windows=2),
                            pretrain_steps=4, finetune_steps=2, eval_interval=2, transfer_steps=2, window=8))
 LM_LR = dict(pretrain=2e-3, finetune=1e-3)
-FEATURE_SIZES = (4, 8, 16, 32, 64)
-MAIN_K = 32  # T2R's k in Table 1
 RFA_K = 2 * MAIN_K  # RFA's k = 32 random projections, each giving a sin and a cos feature, as in the authors' code
 SEEDS = (0, 1)  # the + pretrain rows run with each; the others with the first
 # The + pretrain rows beyond T2R, ELU and RFA: model name -> the flags that make it (the sizes from LM_SIZES)
@@ -74,6 +76,7 @@ class Run:
     script: str  # train_lm.py or train_mt.py
     flags: dict = field(default_factory=dict)  # flag name (no dashes) -> value; True for a switch
     row: dict = field(default_factory=dict)  # what the results tables say about this run (model, init, k, seed)
+    probes: list = field(default_factory=list)  # (file written into out_dir, argv): what reads it once trained
 
     @property
     def out_dir(self) -> str:
@@ -143,8 +146,6 @@ MT_SIZES = dict(full=dict(model=dict(n_layer=3, n_encoder_layer=3, n_head=4, d_m
 MT_LR = dict(pretrain=2e-3, finetune=8e-4)
 # RFA at Table 2's 32 (cross) and 4 (causal) random projections: a sin and a cos feature each, as in the authors' code
 MT_FEATURES = {"rfa": {"feature_size": 2 * 4, "cross_feature_size": 2 * 32}}
-SPEED_BATCH = 16  # Fig. 2: greedy decoding, batch 16
-SPEED_PASSES = 3  # over the whole test set; tokens/s is their median, their range the noise
 
 
 def mt_runs(out: str, size: dict) -> list:
@@ -183,13 +184,28 @@ def run_state(out_dir: str, max_steps: int | None = None) -> str:
     return "todo"
 
 
-def state(run: Run) -> str:
-    """The run's state against the plan: a finished translator given more steps is "shorter" (a language model's
+def trained(run: Run) -> str:
+    """The run's training against the plan: a finished translator given more steps is "shorter" (a language model's
     cosine schedule ends at its --max_steps: train_lm.py refuses to train one on)."""
     return run_state(run.out_dir, run.flags.get("max_steps") if run.script == "train_mt.py" else None)
 
 
+def state(run: Run) -> str:
+    """trained() but "probe" for a trained run whose probes have not all written their files."""
+    done = trained(run)
+    return "probe" if done == "done" and missing_probes(run) else done
+
+
+def missing_probes(run: Run) -> list:
+    return [(name, argv) for name, argv in run.probes if not os.path.isfile(os.path.join(run.out_dir, name))]
+
+
 def command(run: Run) -> list:
+    if state(run) == "probe":
+        if not os.path.isfile(os.path.join(run.out_dir, "model.pt")):
+            raise UserError(f"{run.name} is trained but not probed, and its weights are gone: delete {run.out_dir} "
+                            f"to train it again")
+        return [sys.executable, *missing_probes(run)[0][1]]
     flags = {**run.flags, **({"resume": True} if state(run) in ("interrupted", "shorter") else {})}
     argv = []
     for name, value in flags.items():
@@ -203,50 +219,86 @@ def teacher_of(run: Run, runs: list) -> Run | None:
 
 
 def ready(run: Run, runs: list) -> bool:
-    """A conversion is ready once the run of the plan that trains its teacher is done."""
+    """A conversion is ready once the run of the plan that trains its teacher is trained (a probe may follow)."""
     teacher = teacher_of(run, runs)
-    return teacher is None or state(teacher) == "done"
+    return teacher is None or trained(teacher) == "done" or state(run) == "probe"
 
 
-def converted_from_an_older_teacher(run: Run, runs: list) -> bool:
+def converted_from_an_older_teacher(run: Run, runs: list, records: Records | None = None) -> bool:
     """A conversion started before its teacher's last training: the teacher trains on now (the plan gives it more
-    steps), or its model.pt is newer than the conversion's last checkpoint."""
+    steps), or its model.pt is newer than the conversion's last checkpoint, or the conversion's record names
+    other teacher weights than the teacher's record."""
     teacher, checkpoint = teacher_of(run, runs), os.path.join(run.out_dir, "ckpt.pt")
-    if teacher is None or not os.path.isfile(checkpoint):
+    if teacher is None:
+        return False
+    if records and records.kept(run) and records.kept(teacher):
+        kept = records.digest_of(teacher, os.path.basename(run.flags["pretrained"]))
+        if records.teacher_digest(run) != kept:
+            return True
+    if not os.path.isfile(checkpoint):
         return False
     model = run.flags["pretrained"]
-    return state(teacher) != "done" or os.path.getmtime(model) > os.path.getmtime(checkpoint)
+    return trained(teacher) != "done" or os.path.getmtime(model) > os.path.getmtime(checkpoint)
 
 
 def start(run: Run, threads: int):
-    """Launch one run in the background with `threads` torch threads, logging to its out_dir/train.log. It gets
-    its own session, so a Ctrl-C reaches the study alone, which passes it on once (a second one would stop a
-    run without saving)."""
+    """Launch the run's next step (its training, or a probe) in the background with `threads` torch threads,
+    logging to its out_dir/train.log. It gets its own session, so a Ctrl-C reaches the study alone, which passes it
+    on once (a second one would stop a run without saving)."""
     os.makedirs(run.out_dir, exist_ok=True)
-    print(f"started {run.name}", flush=True)
+    what = missing_probes(run)[0][0] if state(run) == "probe" else "training"
+    print(f"started {run.name}" + ("" if what == "training" else f": its probe {what}"), flush=True)
     with open(os.path.join(run.out_dir, "train.log"), "a") as log:
-        return subprocess.Popen(command(run), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        process = subprocess.Popen(command(run), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    return process, what
 
 
-def finish(run: Run, returncode: int, seconds: float):
+def finish(run: Run, what: str, returncode: int, seconds: float, threads: int):
     if returncode == 130:  # Ctrl-C sent to the run itself: it saved its checkpoint
         raise Interrupted(f"{run.name} was interrupted and saved its checkpoint: rerun the same command to continue")
     if returncode != 0:
-        raise UserError(f"{run.name} failed (exit {returncode}); see {run.out_dir}/train.log, "
+        raise UserError(f"{run.name} failed (exit {returncode}, {what}); see {run.out_dir}/train.log, "
                         f"then rerun this command to continue")
-    write_json(os.path.join(run.out_dir, "machine.json"), {**machine(), "wall_seconds": round(seconds, 1)})
-    print(f"    {run.name}: {seconds:.0f} s wall | {summary(read_json(os.path.join(run.out_dir, 'results.json')))}",
-          flush=True)
+    if what == "training":
+        write_json(os.path.join(run.out_dir, "weights.json"), weights_of(run))
+        write_json(os.path.join(run.out_dir, "machine.json"),
+                   {**machine(), "threads": threads, "wall_seconds": round(seconds, 1)})
+        results = read_json(os.path.join(run.out_dir, "results.json"))
+        print(f"    {run.name}: {seconds:.0f} s wall | {summary(results)}", flush=True)
 
 
-def execute(runs: list, dry_run: bool, jobs: int = 1):
-    """Run every unfinished run of the plan, `jobs` at a time, each with its share of the CPU threads, in the
-    plan's order as far as the teachers allow. Ctrl-C stops them all; each saves its checkpoint first."""
-    stale = [r.out_dir for r in runs if converted_from_an_older_teacher(r, runs)]
+def restore(runs: list, records: Records):
+    """Bring kept runs back into an empty out/; a kept teacher whose weights a run still to do needs trains again.
+    Runs finished before their records existed are kept now."""
+    for run in runs:
+        records.restore(run)
+    for run in runs:
+        teacher = teacher_of(run, runs)
+        if teacher and state(run) != "done" and trained(teacher) == "done" and \
+                not os.path.isfile(run.flags["pretrained"]):
+            print(f"{teacher.name} is kept without its weights, which {run.name} needs: it trains again", flush=True)
+            records.unrestore(teacher)
+        if state(run) == "done" and not records.kept(run):
+            records.keep(run)
+
+
+def refuse_stale(runs: list, records: Records | None):
+    stale = [r.out_dir for r in runs if converted_from_an_older_teacher(r, runs, records)]
     if stale:
         raise UserError(f"{', '.join(stale)} converted an earlier model of a teacher trained since (or training "
-                        f"on): delete {'them' if stale[1:] else 'it'} to redo the conversion with the new teacher")
+                        f"on): delete {'them' if stale[1:] else 'it'} (and {'their' if stale[1:] else 'its'} "
+                        f"record under {records.root if records else 'results/runs'}) to redo the conversion with "
+                        f"the new teacher")
+
+
+def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = None):
+    """Train and probe every unfinished run of the plan, `jobs` at a time, each with its share of the CPU threads,
+    in the plan's order as far as the teachers allow, and keep each finished run's record. Ctrl-C stops them all;
+    each saves its checkpoint first."""
+    if records and not dry_run:
+        restore(runs, records)
+    refuse_stale(runs, records)
     todo = [r for r in runs if state(r) != "done"]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done")
     for i, run in enumerate(runs, 1):
@@ -256,38 +308,31 @@ def execute(runs: list, dry_run: bool, jobs: int = 1):
     # started in the background (nohup ... &), a shell hands Python SIGINT ignored: take it back, so that
     # `kill -INT` stops the study as Ctrl-C does
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    running = {}  # Popen -> (run, start time)
+    running = {}  # Popen -> (run, what it does, start time)
     try:
         while todo and not dry_run or running:
             for run in [r for r in todo if ready(r, runs)][:jobs - len(running)]:
-                running[start(run, threads)] = (run, time.time())
+                process, what = start(run, threads)
+                running[process] = (run, what, time.time())
                 todo.remove(run)
             if not running:
                 raise UserError(f"{todo[0].name} waits for a teacher that is not in the plan")
             time.sleep(0.2)
             for process in [p for p in running if p.poll() is not None]:
-                run, t0 = running.pop(process)
-                finish(run, process.returncode, time.time() - t0)
+                run, what, t0 = running.pop(process)
+                finish(run, what, process.returncode, time.time() - t0, threads)
+                if state(run) == "probe":  # its next probe, in the same slot
+                    process, what = start(run, threads)
+                    running[process] = (run, what, time.time())
+                elif records:
+                    records.keep(run)
+                    refuse_stale(runs, records)
     except KeyboardInterrupt:
         raise Interrupted("study interrupted: every run saved its checkpoint; rerun the same command to continue")
     finally:
         for process in running:  # on Ctrl-C or a failed run: the others save and stop
             process.send_signal(signal.SIGINT)
             process.wait()
-
-
-def machine() -> dict:
-    """Where a run ran: its minutes and tokens/s only compare with runs on the same machine."""
-    import platform
-    import torch
-    cpu = platform.processor() or platform.machine()
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{cpu}, {os.cpu_count()} cores"
-    return {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
 def shorten(path: str) -> str:
@@ -308,96 +353,22 @@ def read_json(path: str):
 
 
 # -----------------------------------------------------------------------------
-# The attention analysis (Figs. 5 and 6) of the language models, with analyze_attention.py, and the
-# translators' speed, with translate.measure_run
-
-def attention_checkpoints(runs: list) -> list:
-    """(stage, k, run) for every T2R language model the analysis reads."""
-    stages = {("t2r", "pretrained"): "finetuned", ("t2r-frozen", "pretrained"): "mlp_frozen",
-              ("t2r", "random"): "random_init"}
-    return [(stages[(r.row["model"], r.row["init"])], r.row["k"], r) for r in runs
-            if (r.row["model"], r.row["init"]) in stages and r.row["seed"] == 0]
-
-
-def run_analysis(what: str, path: str, needed: list, checkpoints: list, argv: list, dry_run: bool):
-    """Run an analysis script writing `path` from finished runs' checkpoints, logging beside it; done already when
-    `path` is newer than every checkpoint it reads (a rerun or resumed run makes it stale)."""
-    stale = os.path.isfile(path) and any(os.path.getmtime(c) > os.path.getmtime(path) for c in checkpoints
-                                         if os.path.isfile(c))
-    print(f"{what}: {'todo' if stale or not os.path.isfile(path) else 'done'}", flush=True)
-    if dry_run or (os.path.isfile(path) and not stale):
-        return
-    unfinished = [r.name for r in needed if state(r) != "done"]
-    if unfinished:
-        raise UserError(f"the {what} needs finished runs; not finished: {', '.join(unfinished)}: run --stage lm first")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    log_path = os.path.join(os.path.dirname(path), "analysis.log")
-    with open(log_path, "w") as log:
-        result = subprocess.run([sys.executable, *argv], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise UserError(f"the {what} failed; see {log_path}")
-
-
-def run_attention(out: str, runs: list, quick: bool, dry_run: bool):
-    raw = os.path.join(out, "attention", "raw.csv")
-    needed = [runs[0]] + [r for _, _, r in attention_checkpoints(runs)]  # the teacher, then the T2R models
-    checkpoints = [os.path.join(r.out_dir, "ckpt.pt") for r in needed]
-    windows = ["--windows", "4", "--context", "64"] if quick else ["--windows", "100", "--context", "512"]
-    argv = [os.path.join(ROOT, "analyze_attention.py"), *checkpoints[1:], "--teacher", checkpoints[0],
-            "--before", *map(str, FEATURE_SIZES), "--seed", "0", *windows, "--csv", raw]
-    run_analysis("attention analysis", raw, needed, checkpoints, argv, dry_run)
-
-
-RECALL_ROWS = (("softmax", "random"), ("t2r", "pretrained"), ("t2r-window", "pretrained"), ("sru++", "random"))
-
+# What conversion loses: the recall rows again, trained on PTB with repeated lines, where the teacher learns to copy
 
 def copy_runs(out: str, size: dict) -> list:
-    """The recall rows again, trained on PTB with repeated lines (experiments/repeat_corpus.py), where the teacher
-    learns to copy: the same sizes and budgets, under out/copy."""
+    """The recall rows (experiments/probes.py) trained on experiments/repeat_corpus.py's text: the same sizes and
+    budgets, under out/copy."""
     from repeat_corpus import REPEATS_DIR
     return recall_runs(lm_runs(os.path.join(out, "copy"), {**size, "train": {**size["train"], "dataset": REPEATS_DIR}}))
-
-
-def recall_runs(runs: list) -> list:
-    """The runs the recall probe reads: RECALL_ROWS at seed 0 and Table 1's k."""
-    return [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
-            and r.row["k"] in (None, MAIN_K)]
-
-
-def run_recall(out: str, runs: list, quick: bool, dry_run: bool, what: str = "recall probe"):
-    """What the state forgets (experiments/recall.py): the teacher, T2R + pretrain, T2R + window and SRU++."""
-    path = os.path.join(out, "recall", "recall.csv")
-    needed = recall_runs(runs)
-    checkpoints = [os.path.join(r.out_dir, "model.pt") for r in needed]
-    sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
-    argv = [os.path.join(ROOT, "experiments", "recall.py"), *[a for c in checkpoints for a in ("--ckpt", c)],
-            *sizes, "--out", path]
-    run_analysis(what, path, needed, checkpoints, argv, dry_run)
-
-
-def measure_speed(runs: list, dry_run: bool):
-    """Greedy tokens/s at batch 16 on the test sources, for each finished translator (speed.json)."""
-    for run in runs:
-        path = os.path.join(run.out_dir, "speed.json")
-        print(f"speed {run.name}: {'done' if os.path.isfile(path) else 'todo'}", flush=True)
-        if dry_run or os.path.isfile(path):
-            continue
-        from runtime import get_device
-        from translate import measure_run
-        result = measure_run(run.out_dir, get_device("auto"), SPEED_BATCH, SPEED_PASSES)
-        write_json(path, {**result, **machine()})
-        rates = ", ".join(f"{r:.0f}" for r in result["tokens_per_s_passes"])
-        print(f"    {result['tokens_per_s']:.0f} tokens/s, the median of {rates} "
-              f"({result['tokens']} tokens in {result['seconds']:.1f} s)", flush=True)
 
 
 # -----------------------------------------------------------------------------
 
 def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
-    p.add_argument("--stage", default="all", choices=["all", "lm", "attention", "recall", "copy", "mt", "results"],
-                   help="one part of the study (all: every part; copy: the recall rows trained on PTB with repeated "
-                   "lines, then their recall probe; results: the CSVs and the report)")
+    p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "copy", "results"],
+                   help="one part of the study, its runs and their probes (all: every part; copy: the recall rows "
+                   "trained on PTB with repeated lines; results: the CSVs and the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -413,24 +384,18 @@ def main(argv=None):
     size = "quick" if args.quick else "full"
     lm_plan, mt_plan = lm_runs(out, LM_SIZES[size]), mt_runs(out, MT_SIZES[size])
     copy_plan = copy_runs(out, LM_SIZES[size])
+    add_probes(lm_plan, mt_plan, copy_plan, args.quick)
+    records = Records(out, os.path.join(results_dir, "runs"))  # what a new machine continues from
     t0 = time.time()
     plans = {"all": lm_plan + mt_plan + copy_plan, "lm": lm_plan, "mt": mt_plan, "copy": copy_plan}
     if args.stage in plans:
         if copy_plan[0] in plans[args.stage] and not args.dry_run:
             from repeat_corpus import write_corpus
             write_corpus(copy_plan[0].flags["dataset"])  # the same files every time: cheap, and never stale
-        execute(plans[args.stage], args.dry_run, args.jobs)
-    if args.stage in ("all", "attention"):
-        run_attention(out, lm_plan, args.quick, args.dry_run)
-    if args.stage in ("all", "recall"):
-        run_recall(out, lm_plan, args.quick, args.dry_run)
-    if args.stage in ("all", "copy"):
-        run_recall(os.path.join(out, "copy"), copy_plan, args.quick, args.dry_run, "recall probe, repeated lines")
-    if args.stage in ("all", "mt"):
-        measure_speed(mt_plan, args.dry_run)  # alone on the machine: nothing else runs by then
+        execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
         from gather import gather
-        gather(out, results_dir, lm_plan, mt_plan, args.quick, copy_plan)
+        gather(results_dir, lm_plan, mt_plan, args.quick, copy_plan)
         import report
         report.write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")

@@ -1,0 +1,117 @@
+"""
+The study's record of each finished run, kept in the repository (results/runs/): what the results tables need
+(its results.json, flags, machine, probes, translations) and a digest of its weights, but not the weights. The
+runs train under out/, which a new machine or a clean checkout does not have: the study then restores the records
+and trains only what is missing. A teacher is trained again only where a run still to do needs its weights; the
+same flags on the same machine and thread count give the same weights, and the digests check that they did.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+
+from runtime import atomic_write, write_json
+
+KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "recall.csv", "speed.json",
+        "valid.hyp", "test.hyp")
+
+
+def machine() -> dict:
+    """Where a run ran: its minutes and tokens/s only compare with runs on the same machine."""
+    import torch
+    cpu = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{cpu}, {os.cpu_count()} cores"
+    return {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+
+
+def digest(path: str) -> str:
+    """A checkpoint's weights as 16 hex digits: its tensors' names and bytes (not the file, which holds times)."""
+    import torch
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    h = hashlib.sha256()
+    for name in sorted(state):
+        h.update(name.encode())
+        h.update(state[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def weights_of(run) -> dict:
+    """weights.json: the digest of each checkpoint the run left, and of the teacher's it was converted from."""
+    found = {name: digest(os.path.join(run.out_dir, name)) for name in ("model.pt", "ckpt.pt")
+             if os.path.isfile(os.path.join(run.out_dir, name))}
+    teacher = run.flags.get("pretrained")
+    return {**found, **({"teacher": digest(teacher)} if teacher and os.path.isfile(teacher) else {})}
+
+
+def read(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+class Records:
+    """The records of the runs under `out`, in the same layout under `root` (results/runs/lm/softmax-random-s0)."""
+
+    def __init__(self, out: str, root: str):
+        self.out, self.root = out, root
+
+    def folder(self, run) -> str:
+        return os.path.join(self.root, os.path.relpath(run.out_dir, self.out))
+
+    def keep(self, run):
+        """Copy the finished run's small files into its record (weights.json first written where missing)."""
+        if not os.path.isfile(os.path.join(run.out_dir, "weights.json")):
+            write_json(os.path.join(run.out_dir, "weights.json"), weights_of(run))
+        for name in KEPT:
+            source, target = os.path.join(run.out_dir, name), os.path.join(self.folder(run), name)
+            if os.path.isfile(source) and not same_file(source, target):
+                copy(source, target)
+
+    def kept(self, run) -> bool:
+        return os.path.isfile(os.path.join(self.folder(run), "results.json"))
+
+    def restore(self, run) -> bool:
+        """Bring a kept run's files back into an out_dir that has neither results nor a checkpoint."""
+        if not self.kept(run) or any(os.path.exists(os.path.join(run.out_dir, f)) for f in ("results.json", "ckpt.pt")):
+            return False
+        for name in KEPT:
+            if os.path.isfile(os.path.join(self.folder(run), name)):
+                copy(os.path.join(self.folder(run), name), os.path.join(run.out_dir, name))
+        return True
+
+    def unrestore(self, run):
+        """Remove the restored files of a teacher whose weights are needed again: it trains anew (its record stays,
+        to check the new weights against)."""
+        for name in KEPT:
+            path = os.path.join(run.out_dir, name)
+            if os.path.isfile(path):
+                os.remove(path)
+
+    def teacher_digest(self, run) -> str | None:
+        """The digest of the teacher's weights the conversion `run` started from, as its record says."""
+        return read(os.path.join(self.folder(run), "weights.json")).get("teacher")
+
+    def digest_of(self, run, checkpoint: str) -> str | None:
+        """The digest of run's `checkpoint` (model.pt or ckpt.pt) as its record says."""
+        return read(os.path.join(self.folder(run), "weights.json")).get(checkpoint)
+
+
+def copy(source: str, target: str):
+    with atomic_write(target) as tmp:
+        shutil.copyfile(source, tmp)
+
+
+def same_file(a: str, b: str) -> bool:
+    if not os.path.isfile(b) or os.path.getsize(a) != os.path.getsize(b):
+        return False
+    with open(a, "rb") as f, open(b, "rb") as g:
+        return f.read() == g.read()
