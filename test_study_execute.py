@@ -213,3 +213,12 @@ def test_a_kept_teacher_trains_again_for_a_new_conversion_and_must_match_its_rec
     with pytest.raises(study.UserError, match="out/student, .*out/new converted an earlier model of a teacher"):
         study.execute(plan, dry_run=False, jobs=1, records=records)
     assert not os.path.exists(plan[3].out_dir), "no conversion of the changed teacher started"
+
+
+def test_a_run_that_finished_as_the_study_stopped_is_noted_as_trained_here(tmp_path):
+    teacher = fake_plan(tmp_path, seconds=0.1)[0]
+    study.execute([teacher], dry_run=False, jobs=1)
+    os.remove(tmp_path / "teacher" / "machine.json")  # the study stopped before it wrote it
+    study.execute([teacher], dry_run=False, jobs=1)
+    machine = json.loads((tmp_path / "teacher" / "machine.json").read_text())
+    assert machine["threads"] == 1 and "device" in machine and "wall_seconds" not in machine

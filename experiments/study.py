@@ -270,7 +270,7 @@ def finish(run: Run, what: str, returncode: int, seconds: float, threads: int):
 
 def restore(runs: list, records: Records):
     """Bring kept runs back into an empty out/; a kept teacher whose weights a run still to do needs trains again.
-    Runs finished before their records existed are kept now."""
+    Finished runs whose record is missing or out of date are kept now."""
     for run in runs:
         records.restore(run)
     for run in runs:
@@ -279,7 +279,7 @@ def restore(runs: list, records: Records):
                 not os.path.isfile(run.flags["pretrained"]):
             print(f"{teacher.name} is kept without its weights, which {run.name} needs: it trains again", flush=True)
             records.unrestore(teacher)
-        if state(run) == "done" and not records.kept(run):
+        if state(run) == "done":  # a no-op where the record is up to date
             records.keep(run)
 
 
@@ -296,6 +296,10 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
     """Train and probe every unfinished run of the plan, `jobs` at a time, each with its share of the CPU threads,
     in the plan's order as far as the teachers allow, and keep each finished run's record. Ctrl-C stops them all;
     each saves its checkpoint first."""
+    threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // jobs)
+    for run in runs if not dry_run else []:  # one that finished as the study last stopped trained here
+        if trained(run) == "done" and not os.path.isfile(os.path.join(run.out_dir, "machine.json")):
+            write_json(os.path.join(run.out_dir, "machine.json"), {**machine(), "threads": threads})
     if records and not dry_run:
         restore(runs, records)
     refuse_stale(runs, records)
@@ -304,7 +308,6 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
     for i, run in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {run.name}: {state(run)} | "
               f"{' '.join(shorten(c) for c in command(run)[1:])}", flush=True)
-    threads = int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // jobs)
     # started in the background (nohup ... &), a shell hands Python SIGINT ignored: take it back, so that
     # `kill -INT` stops the study as Ctrl-C does
     signal.signal(signal.SIGINT, signal.default_int_handler)
