@@ -221,4 +221,4 @@ def test_a_run_that_finished_as_the_study_stopped_is_noted_as_trained_here(tmp_p
     os.remove(tmp_path / "teacher" / "machine.json")  # the study stopped before it wrote it
     study.execute([teacher], dry_run=False, jobs=1)
     machine = json.loads((tmp_path / "teacher" / "machine.json").read_text())
-    assert machine["threads"] == 1 and "device" in machine and "wall_seconds" not in machine
+    assert machine["threads"] >= 1 and "device" in machine and "wall_seconds" not in machine
