@@ -18,9 +18,9 @@ plots and claims of results/README.md.
 
 The sizes: about 15 hours on a 2-core CPU, two runs at a time (1,860 CPU-minutes: a 2400-step language model takes
 about 77 minutes at 2,100 tokens/s, a finetuning a fifth of that, a 4800-step translator about 95): it is meant
-to be stopped and continued, on this machine or another, results/runs/ carrying the finished runs. At them the LM teacher is measured short of the convergence rule (below): its plateau
-is several doublings of compute away. The claims it tests are orderings and ratios, not the paper's absolute
-numbers.
+to be stopped and continued, on this machine or another, results/runs/ carrying the finished runs. At these sizes
+the LM teacher is measured short of the convergence rule (below): its plateau is several doublings of compute away.
+The claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
 import json
@@ -231,10 +231,8 @@ def converted_from_an_older_teacher(run: Run, runs: list, records: Records | Non
     teacher, checkpoint = teacher_of(run, runs), os.path.join(run.out_dir, "ckpt.pt")
     if teacher is None:
         return False
-    if records and records.kept(run) and records.kept(teacher):
-        kept = records.digest_of(teacher, os.path.basename(run.flags["pretrained"]))
-        if records.teacher_digest(run) != kept:
-            return True
+    if records and records.kept(run) and records.kept(teacher):  # the digests decide
+        return records.teacher_digest(run) != records.digest_of(teacher, os.path.basename(run.flags["pretrained"]))
     if not os.path.isfile(checkpoint):
         return False
     model = run.flags["pretrained"]
