@@ -1,13 +1,17 @@
-"""Helpers shared by the tests: run a script as a user would, check a one-line error, report a difference,
-write a tiny word corpus. pytest loads this file before any test file; tests import the names they use.
+"""Helpers shared by the tests: run a script as a user would (or in this process, for a refusal), check a one-line
+error, report a difference, write a tiny word corpus. pytest loads this file before any test file; tests import the
+names they use.
 
 CPU only, tiny sizes, no downloads.
 """
 
+import io
 import os
 import random
+import runpy
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +31,11 @@ TINY = ["--n_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64", "-
 # their own tests, in-process (test_fast_step.py).
 SCRIPT_ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
+# Under pytest-xdist (`-n 2`, the README's test command) each worker is one process among several: it keeps to its
+# share of the cores, so that the workers do not fight over them (torch would give each one thread per core).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     """python <script> <args> in cwd, one CPU thread, as a subprocess; raises with its output if it fails."""
@@ -36,6 +45,25 @@ def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
+
+
+@pytest.fixture
+def run_here(monkeypatch, capsys):
+    """run() in this process: `python <script> <args>` as runpy runs it, with the same (returncode, stdout, stderr).
+    For refusals that come before any work, where a subprocess would spend its seconds importing torch."""
+    def run_script(script, *args, cwd, stdin=""):
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else int(done.code is not None)
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run_script
 
 
 def run_two_processes(script, *args, cwd):
@@ -210,3 +238,4 @@ def tiny_gpt2(tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder, corpus, model
+

@@ -182,11 +182,11 @@ def test_generate_samples_from_sru_with_its_recurrent_state(sru_runs):
     assert float(out.split("logits = ")[1].split()[0]) < 1e-4
 
 
-def test_an_sru_checkpoint_is_not_converted(tmp_path, corpus):
+def test_an_sru_checkpoint_is_not_converted(run_here, tmp_path, corpus):
     config = sru.SRUConfig(vocab_size=42, n_layer=2, d_model=8).to_dict()
     torch.save({"config": config, "model": {}, "step": 1, "max_steps": 1}, tmp_path / "sru.pt")
-    result = run("train_lm.py", "--dataset", corpus, "--init", "pretrained", "--pretrained", "sru.pt", cwd=tmp_path,
-                 check=False)
+    result = run_here("train_lm.py", "--dataset", corpus, "--init", "pretrained", "--pretrained", "sru.pt",
+                      cwd=tmp_path)
     assert_one_line_error(result, "is an SRU++ model")
 
 

@@ -155,8 +155,8 @@ def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path)
     (["ckpt.pt", "--before", "8"], "--before converts the --teacher"),
     ([], "give at least one checkpoint"),
 ])
-def test_analyze_attention_errors_are_one_line(tmp_path, argv, message):
-    assert_one_line_error(run("analyze_attention.py", *argv, cwd=tmp_path, check=False), message)
+def test_analyze_attention_errors_are_one_line(run_here, tmp_path, argv, message):
+    assert_one_line_error(run_here("analyze_attention.py", *argv, cwd=tmp_path), message)
 
 
 # -----------------------------------------------------------------------------
@@ -280,8 +280,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     ("experiments/probes.py", ["speed", "nowhere"], "no model.pt in nowhere: give the folder of a finished train_mt.py"),
     ("experiments/report.py", ["--results", "."], "lm_ptb.csv: run python experiments/study.py first"),
 ])
-def test_study_and_report_errors_are_one_line(tmp_path, script, argv, message):
-    assert_one_line_error(run(script, *argv, cwd=tmp_path, check=False), message)
+def test_study_and_report_errors_are_one_line(run_here, tmp_path, script, argv, message):
+    assert_one_line_error(run_here(script, *argv, cwd=tmp_path), message)
 
 
 # -----------------------------------------------------------------------------

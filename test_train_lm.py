@@ -110,17 +110,17 @@ def trained(tmp_path_factory):
     return tmp, corpus
 
 
-def test_a_truncated_checkpoint_is_refused_and_kept(trained, tmp_path):
+def test_a_truncated_checkpoint_is_refused_and_kept(run_here, trained, tmp_path):
     tmp, corpus = trained
     good = (tmp / "out/tiny-softmax-random/ckpt.pt").read_bytes()
     (tmp_path / "run").mkdir()
     ckpt = tmp_path / "run/ckpt.pt"
     ckpt.write_bytes(good[: len(good) // 2])  # truncated, as by a full disk
-    result = run("train_lm.py", "--dataset", corpus, "--resume", "--out_dir", str(tmp_path / "run"), *TINY,
-                 cwd=tmp, check=False)
+    result = run_here("train_lm.py", "--dataset", corpus, "--resume", "--out_dir", str(tmp_path / "run"), *TINY,
+                      cwd=tmp)
     assert_one_line_error(result, "truncated or corrupt")
     assert ckpt.read_bytes() == good[: len(good) // 2]  # nothing was overwritten
-    assert_one_line_error(run("generate.py", "--ckpt", str(ckpt), cwd=tmp, check=False), "truncated or corrupt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", str(ckpt), cwd=tmp), "truncated or corrupt")
 
 
 @pytest.mark.parametrize("name, flags, message", [
@@ -215,10 +215,9 @@ def assert_same_weights(a, b):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_another_flag_on_resume_is_refused(trained):
+def test_another_flag_on_resume_is_refused(run_here, trained):
     tmp, _ = trained
-    result = run("train_lm.py", "--resume", "--out_dir", "out/tiny-t2r-random", "--eval_context", "16", cwd=tmp,
-                 check=False)
+    result = run_here("train_lm.py", "--resume", "--out_dir", "out/tiny-t2r-random", "--eval_context", "16", cwd=tmp)
     assert_one_line_error(result, "trained with --eval_context 32")
 
 
@@ -242,8 +241,8 @@ def run_on_changed_data(tmp_path_factory):
     ("train_lm.py", ["--eval_only", "--out_dir", "r"]),
     ("generate.py", ["--ckpt", "r/model.pt"]),
 ])
-def test_a_run_on_changed_data_is_refused(run_on_changed_data, script, argv):
-    result = run(script, *argv, cwd=run_on_changed_data, check=False)
+def test_a_run_on_changed_data_is_refused(run_here, run_on_changed_data, script, argv):
+    result = run_here(script, *argv, cwd=run_on_changed_data)
     assert_one_line_error(result, "trained on another")
 
 
@@ -290,35 +289,35 @@ def test_a_loss_that_turns_nan_stops_without_saving(tmp_path, corpus):
     assert not (tmp_path / "r/ckpt.pt").exists()  # no NaN weights were saved (the first save was due at step 4)
 
 
-def test_a_nan_teacher_is_not_converted(trained, tmp_path):
+def test_a_nan_teacher_is_not_converted(run_here, trained, tmp_path):
     tmp, corpus = trained
     teacher = torch.load(tmp / "out/tiny-softmax-random/model.pt", weights_only=True)
     next(iter(teacher["model"].values())).fill_(float("nan"))
     torch.save(teacher, tmp_path / "nan.pt")
-    result = run("train_lm.py", "--init", "pretrained", "--pretrained", str(tmp_path / "nan.pt"), "--dataset", corpus,
-                 *SMALL, "--out_dir", str(tmp_path / "x"), cwd=tmp, check=False)
+    result = run_here("train_lm.py", "--init", "pretrained", "--pretrained", str(tmp_path / "nan.pt"),
+                      "--dataset", corpus, *SMALL, "--out_dir", str(tmp_path / "x"), cwd=tmp)
     assert_one_line_error(result, "NaN or inf weights")
 
 
 @pytest.mark.parametrize("config", [{"n_head": 0}, "a string"])
-def test_a_hand_made_checkpoint_with_a_bad_config_is_refused(tmp_path, config):
+def test_a_hand_made_checkpoint_with_a_bad_config_is_refused(run_here, tmp_path, config):
     if isinstance(config, dict):
         config = {**Config(vocab_size=10, n_layer=1, d_model=8, n_head=2).to_dict(), **config}
     torch.save({"model": {}, "config": config}, tmp_path / "bad.pt")
-    assert_one_line_error(run("generate.py", "--ckpt", "bad.pt", cwd=tmp_path, check=False), "bad.pt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", "bad.pt", cwd=tmp_path), "bad.pt")
 
 
-def test_an_unreadable_args_json_is_a_one_line_error(trained, tmp_path):
+def test_an_unreadable_args_json_is_a_one_line_error(run_here, trained, tmp_path):
     tmp, _ = trained
     shutil.copytree(tmp / "out/tiny-softmax-random", tmp_path / "r")
     (tmp_path / "r/args.json").write_text("{")  # as a crash of an older version could leave it
-    result = run("train_lm.py", "--resume", "--out_dir", "r", cwd=tmp_path, check=False)
+    result = run_here("train_lm.py", "--resume", "--out_dir", "r", cwd=tmp_path)
     assert_one_line_error(result, "args.json is unreadable")
 
 
-def test_an_out_dir_that_is_a_file_is_refused(tmp_path, corpus):
+def test_an_out_dir_that_is_a_file_is_refused(run_here, tmp_path, corpus):
     (tmp_path / "taken").write_text("")
-    result = run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "taken", cwd=tmp_path, check=False)
+    result = run_here("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "taken", cwd=tmp_path)
     assert_one_line_error(result, "cannot write to --out_dir taken")
 
 

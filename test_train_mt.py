@@ -285,21 +285,21 @@ def test_a_resumed_preset_run_keeps_the_flags_it_was_given(tmp_path):
     assert (resumed.max_steps, resumed.lr) == (25000, 2e-4)
 
 
-def test_a_shorter_run_on_resume_is_refused(tmp_path):
+def test_a_shorter_run_on_resume_is_refused(run_here, tmp_path):
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
     train_mt("--dataset", corpus, *MT_TINY, "--bleu_sentences", "2", "--max_steps", "4", "--stop_at", "2",
              "--out_dir", "r", cwd=tmp_path)
-    result = train_mt("--resume", "--out_dir", "r", "--max_steps", "3", cwd=tmp_path, check=False)
+    result = run_here("train_mt.py", "--resume", "--out_dir", "r", "--max_steps", "3", cwd=tmp_path)
     assert_one_line_error(result, "trained with --max_steps 4, the flags say 3")
 
 
-def test_a_truncated_snapshot_is_a_one_line_error(trained_translator, tmp_path):
+def test_a_truncated_snapshot_is_a_one_line_error(run_here, trained_translator, tmp_path):
     """A finished run resumed rewrites model.pt from its snapshots: a damaged one is named, not a traceback."""
     tmp, _, _ = trained_translator
     shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
     snapshot = sorted((tmp_path / "r").glob("snapshot_*.pt"))[-1]
     snapshot.write_bytes(snapshot.read_bytes()[:100])
-    result = train_mt("--resume", "--out_dir", "r", cwd=tmp_path, check=False)
+    result = run_here("train_mt.py", "--resume", "--out_dir", "r", cwd=tmp_path)
     assert_one_line_error(result, f"snapshot r/{snapshot.name} is unreadable")
 
 
@@ -322,31 +322,32 @@ def teacher_flags(tmp, corpus, out_dir, pretrained="out/mt-toy-en-de-softmax-ran
     (["--d_model", "64"], "--d_model 64 differs"),
     (["--post_norm"], "is a pre-norm translator"),
 ])
-def test_a_teacher_of_another_shape_is_refused(trained_translator, tmp_path, extra, message):
+def test_a_teacher_of_another_shape_is_refused(run_here, trained_translator, tmp_path, extra, message):
     tmp, corpus, _ = trained_translator
-    result = train_mt(*teacher_flags(tmp, corpus, tmp_path / "x"), *extra, cwd=tmp, check=False)
+    result = run_here("train_mt.py", *teacher_flags(tmp, corpus, tmp_path / "x"), *extra, cwd=tmp)
     assert_one_line_error(result, message)
 
 
-def test_a_converted_model_is_no_teacher(trained_translator, tmp_path):
+def test_a_converted_model_is_no_teacher(run_here, trained_translator, tmp_path):
     tmp, corpus, _ = trained_translator
     flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained="out/mt-toy-en-de-t2r-pretrained/model.pt")
-    assert_one_line_error(train_mt(*flags, cwd=tmp, check=False), "already converted")
+    assert_one_line_error(run_here("train_mt.py", *flags, cwd=tmp), "already converted")
 
 
-def test_a_language_model_is_no_teacher(trained_translator, tmp_path):
+def test_a_language_model_is_no_teacher(run_here, trained_translator, tmp_path):
     tmp, corpus, _ = trained_translator
     torch.save({"model": {}, "config": {"vocab_size": 10}}, tmp_path / "lm.pt")
-    result = train_mt(*teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "lm.pt"), cwd=tmp, check=False)
+    flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "lm.pt")
+    result = run_here("train_mt.py", *flags, cwd=tmp)
     assert_one_line_error(result, "not a translator")
 
 
-def test_a_truncated_teacher_is_corrupt(trained_translator, tmp_path):
+def test_a_truncated_teacher_is_corrupt(run_here, trained_translator, tmp_path):
     tmp, corpus, _ = trained_translator
     teacher = tmp / "out/mt-toy-en-de-softmax-random/model.pt"
     (tmp_path / "broken.pt").write_bytes(teacher.read_bytes()[:1000])
     flags = teacher_flags(tmp, corpus, tmp_path / "x", pretrained=tmp_path / "broken.pt")
-    assert_one_line_error(train_mt(*flags, cwd=tmp, check=False), "truncated or corrupt")
+    assert_one_line_error(run_here("train_mt.py", *flags, cwd=tmp), "truncated or corrupt")
 
 
 @pytest.mark.parametrize("init, lr, max_steps", [("random", 5e-4, 30000), ("pretrained", 2e-4, 20000)])
@@ -367,8 +368,8 @@ def test_the_paper_preset_carries_batch_schedule_and_averaging_into_finetuning(i
     (["--dataset", "nope"], "unknown dataset"),
     (["--eval_only", "--out_dir", "none"], "no checkpoint"),
 ])
-def test_bad_runs_are_one_line_errors(tmp_path, argv, message):
-    assert_one_line_error(train_mt(*argv, cwd=tmp_path, check=False), message)
+def test_bad_runs_are_one_line_errors(run_here, tmp_path, argv, message):
+    assert_one_line_error(run_here("train_mt.py", *argv, cwd=tmp_path), message)
 
 
 @pytest.mark.parametrize("argv, message", [

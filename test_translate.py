@@ -145,9 +145,9 @@ def test_translate_file_equals_stdin(trained_translator, tmp_path):
     (["--ckpt", STUDENT, "--beam", "0"], "--beam: 0 is not a positive integer"),
     (["--ckpt", STUDENT, "--lenpen", "nan"], "--lenpen: nan is not a finite number"),
 ])
-def test_translate_errors_are_one_line(trained_translator, argv, message):
+def test_translate_errors_are_one_line(run_here, trained_translator, argv, message):
     tmp, _, _ = trained_translator
-    assert_one_line_error(run("translate.py", *argv, cwd=tmp, check=False, stdin=""), message)
+    assert_one_line_error(run_here("translate.py", *argv, cwd=tmp, stdin=""), message)
 
 
 def test_a_folder_with_only_model_pt_translates(trained_translator, tmp_path):
