@@ -238,4 +238,3 @@ def tiny_gpt2(tmp_path_factory):
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder, corpus, model
-

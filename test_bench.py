@@ -16,7 +16,6 @@ import bench
 import bench_report
 import bench_tools
 from conftest import assert_one_line_error, run
-from runtime import run_main
 from fast_step import FastStep
 from sru import SRUConfig
 from t2r import Config, TransformerLM
@@ -206,8 +205,6 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     (["--capacity_length", "0"], "--capacity_length must be at least 1"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
 ])
-def test_bad_input_is_a_one_line_error(argv, fragment, tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        run_main(lambda: bench.main([*argv, "--out_dir", str(tmp_path)]))
-    assert_one_line_error(SimpleNamespace(returncode=exit_info.value.code, stderr=capsys.readouterr().err), fragment)
+def test_bad_input_is_a_one_line_error(run_here, argv, fragment, tmp_path):
+    assert_one_line_error(run_here("bench.py", *argv, "--out_dir", tmp_path, cwd=tmp_path), fragment)
     assert not any(tmp_path.iterdir())  # nothing written

@@ -25,7 +25,7 @@ import job  # noqa: E402
 import runtime  # noqa: E402
 import t2r  # noqa: E402
 import train_lm  # noqa: E402
-from conftest import ROOT, assert_flags_refused, lm_config, report, run, step_all  # noqa: E402
+from conftest import ROOT, assert_flags_refused, assert_one_line_error, lm_config, report, run, step_all  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 sys.path.insert(0, f"{ROOT}/experiments")
@@ -266,14 +266,9 @@ def test_an_unreachable_hub_is_a_one_line_error_that_says_what_to_do(tmp_path, c
     assert "LocalEntryNotFoundError" in message and "--pretrained hf:./gpt2" in message and "\n" not in message
 
 
-def test_a_folder_that_is_not_there_is_a_one_line_error(tmp_path, corpus, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_a_folder_that_is_not_there_is_a_one_line_error(run_here, tmp_path, corpus):
     argv = ["--init", "pretrained", "--pretrained", "hf:./nowhere", "--dataset", corpus, *FINETUNE]
-    with pytest.raises(SystemExit) as exit_info:
-        runtime.run_main(lambda: job.main_job(train_lm.LMTask, train_lm.get_args(argv)))
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and err.count("\n") == 1 and "there is no folder './nowhere'" in err, err
-    print(err.strip())
+    assert_one_line_error(run_here("train_lm.py", *argv, cwd=tmp_path), "there is no folder './nowhere'")
 
 
 @pytest.mark.parametrize("argv, message", [
