@@ -90,12 +90,17 @@ def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
     assert reading in text
 
 
-def test_every_fourth_line_is_followed_by_a_copy_of_a_recent_line():
-    lines = [f"line {i}" for i in range(40)]
-    out = repeat_corpus.with_repeated_lines(lines, every=4, back=3, seed=1)
-    assert len(out) == 50 and [line for j, line in enumerate(out) if j % 5 != 4] == lines
-    for j in range(4, 50, 5):  # each copy is of one of the 3 lines up to the 4th before it
-        assert out[j] in lines[(j // 5) * 4 + 1: (j // 5) * 4 + 4]
+def test_every_fourth_line_is_followed_by_a_random_span_that_comes_again_within_three_lines():
+    lines = [f"line{i} text" for i in range(40)]
+    out = repeat_corpus.with_random_spans(lines, every=4, back=3, words=4, seed=1)
+    text = set(lines)
+    assert [line for line in out if line in text] == lines and len(out) == 40 + 2 * 10
+    for i in range(3, 40, 4):
+        j = out.index(lines[i])
+        span = out[j + 1].split()
+        assert 2 <= len(span) <= 6 and set(span) <= {w for line in lines for w in line.split()}
+        copy = out.index(out[j + 1], j + 2)
+        assert sum(line in text for line in out[j + 2: copy]) <= 2  # 0 to back - 1 lines of text between
 
 
 def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
@@ -103,7 +108,7 @@ def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
     ptb = load_corpus("ptb")
     assert all((tmp_path / f"{split}.txt").read_text() == ptb[split] for split in ("valid", "test"))
     train = (tmp_path / "train.txt").read_text().splitlines()
-    assert len(train) == len(ptb["train"].splitlines()) * 5 // 4
+    assert len(train) == len(ptb["train"].splitlines()) * 6 // 4
 
 
 def test_the_copy_plan_is_the_recall_rows_trained_on_the_repeat_corpus(tmp_path):
@@ -126,6 +131,6 @@ def test_the_recall_table_names_each_models_training_text(tmp_path):
     rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(lm_plan, copy_plan)]
     text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
     print(text)
-    assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated lines) | 0.90 (0.20) |" in text
+    assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated spans) | 0.90 (0.20) |" in text
     assert "**The softmax teacher does not copy**" in text
-    assert "The softmax teacher (trained with repeated lines) copies" in text
+    assert "The softmax teacher (trained with repeated spans) copies" in text

@@ -49,7 +49,7 @@ def group(rows: list, **match) -> list:
 
 def recall_label(row: dict) -> str:
     """A recall row's model, named with its training text where that is not PTB as it is."""
-    return row["model"] + (" (trained with repeated lines)" if row.get("trained_on") == "ptb+repeats" else "")
+    return row["model"] + (" (trained with repeated spans)" if row.get("trained_on") == "ptb+repeats" else "")
 
 
 def mean_of(rows: list, column: str):

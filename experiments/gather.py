@@ -136,7 +136,7 @@ def provenance(runs: list, lm_plan: list, quick: bool) -> dict:
 
 def recall_rows(lm_plan: list, copy_plan: list) -> list:
     """recall.py's rows, as each recall run's probe wrote them, of the models trained on PTB and of those trained
-    with repeated lines (study.copy_runs), a trained_on column first."""
+    with repeated spans (study.copy_runs), a trained_on column first."""
     rows = []
     for trained_on, plan in (("ptb", lm_plan), ("ptb+repeats", copy_plan)):
         for run in recall_runs(plan):
@@ -221,7 +221,7 @@ def read_hypotheses(path: str, references: list) -> list:
 
 def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_plan: tuple = ()):
     """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads. The
-    copy plan's runs (trained with repeated lines) count in machine.json; the recall table reads their probe."""
+    copy plan's runs (trained with repeated spans) count in machine.json; the recall table reads their probe."""
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),

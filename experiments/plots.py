@@ -80,7 +80,8 @@ def plot_learning_curves(curves: list, footer: str, path: str):
     run's counted on top of its teacher's (it starts where the teacher ends: the cost of converting is the
     length of its line); on the right the same, zoomed on the conversions."""
     tasks = [t for t in ("lm", "mt") if group(curves, task=t)]
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FuncFormatter
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}" if v < 100 else f"{v:.0f}")  # 200 and 10.5, not 2 x 10^2 and 10
     plt, fig, axes = new_figure(2, 11, nrows=len(tasks))
     for task, full, zoom in zip(tasks, axes[0::2], axes[1::2]):
         teacher = group(curves, task=task, model="softmax", init="random")
@@ -105,7 +106,7 @@ def plot_learning_curves(curves: list, footer: str, path: str):
         full.set_yscale("log")
         for ax, suffix in ((full, ""), (zoom, ": the conversions")):
             for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(FormatStrFormatter("%d"))  # 200, not 2 x 10^2
+                axis(plain)
             ax.set_xlabel("training tokens (millions; a conversion's after its teacher's)")
             ax.set_ylabel("validation perplexity (periodic estimate)")
             ax.set_title(title + suffix)

@@ -68,7 +68,7 @@ def speed_probe(run) -> tuple:
 
 def add_probes(lm_plan: list, mt_plan: list, copy_plan: list, quick: bool):
     """Give every run of the plans its probes (run.probes: [(file, argv)]): the attention analysis of the LM
-    teacher and its T2R models, the recall probe of the recall rows (on PTB and with repeated lines), the
+    teacher and its T2R models, the recall probe of the recall rows (on PTB and with repeated spans), the
     translators' speed."""
     teacher = lm_plan[0]
     stages = {id(r): stage for stage, _, r in attention_checkpoints(lm_plan)}

@@ -212,9 +212,10 @@ def recall_section(results: dict, figure) -> list:
              f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
              "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
-             "loss there is not forgetting alone." + (" Rows marked *trained with repeated lines* are the same models "
-             "trained on PTB with a copy of a recent line after every 4th line (experiments/repeat_corpus.py), where "
-             "copying pays; every row is probed on PTB's own validation text." if any(r.get("trained_on") ==
+             "loss there is not forgetting alone." + (" Rows marked *trained with repeated spans* are the same models "
+             "trained on PTB with a line of random words after every 4th line, repeated within the next 16 lines "
+             "(experiments/repeat_corpus.py), where only copying predicts the repeat; every row is probed on PTB's own "
+             "validation text." if any(r.get("trained_on") ==
              "ptb+repeats" for r in recall) else ""), "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
     for label in dict.fromkeys(recall_label(r) for r in recall):
@@ -278,7 +279,7 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("recall.csv", "model and distance", "`trained_on` (ptb, or ptb+repeats: PTB with repeated lines), `model`, "
+    ("recall.csv", "model and distance", "`trained_on` (ptb, or ptb+repeats: PTB with repeated spans), `model`, "
      "`distance` (tokens between a span and its repeat), `span`, `samples`, `repeat_accuracy`, `first_accuracy` "
      "(top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "

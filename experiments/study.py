@@ -354,7 +354,7 @@ def read_json(path: str):
 
 
 # -----------------------------------------------------------------------------
-# What conversion loses: the recall rows again, trained on PTB with repeated lines, where the teacher learns to copy
+# What conversion loses: the recall rows again, trained on PTB with repeated spans, where the teacher learns to copy
 
 def copy_runs(out: str, size: dict) -> list:
     """The recall rows (experiments/probes.py) trained on experiments/repeat_corpus.py's text: the same sizes and
@@ -369,7 +369,7 @@ def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
     p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "copy", "results"],
                    help="one part of the study, its runs and their probes (all: every part; copy: the recall rows "
-                   "trained on PTB with repeated lines; results: the CSVs and the report)")
+                   "trained on PTB with repeated spans; results: the CSVs and the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
