@@ -46,7 +46,7 @@ def with_random_spans(lines: list, every: int, back: int, words: int = 16, seed:
     return out
 
 
-def write_corpus(folder: str = REPEATS_DIR, every: int = 4, back: int = 16, words: int = 16, seed: int = 0):
+def write_corpus(folder: str = REPEATS_DIR, every: int = 2, back: int = 8, words: int = 16, seed: int = 0):
     """folder/train.txt with repeated spans, valid.txt and test.txt as PTB's; the same files for the same flags."""
     for split, text in load_corpus("ptb").items():
         lines = original = text.splitlines()
@@ -65,8 +65,8 @@ def main(argv=None):
     p = Parser(prog="experiments/repeat_corpus.py", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=REPEATS_DIR, help="the folder written")
-    p.add_argument("--every", type=positive_int, default=4, help="a random span after every N-th training line")
-    p.add_argument("--back", type=positive_int, default=16, help="its copy comes after 0 to N - 1 lines of text")
+    p.add_argument("--every", type=positive_int, default=2, help="a random span after every N-th training line")
+    p.add_argument("--back", type=positive_int, default=8, help="its copy comes after 0 to N - 1 lines of text")
     p.add_argument("--words", type=positive_int, default=16, help="a span has N / 2 to 3 N / 2 random words")
     p.add_argument("--seed", type=int, default=0, help="the spans' words and the copies' places")
     args = p.parse_args(argv)

@@ -213,7 +213,7 @@ def recall_section(results: dict, figure) -> list:
              "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
              "loss there is not forgetting alone." + (" Rows marked *trained with repeated spans* are the same models "
-             "trained on PTB with a line of random words after every 4th line, repeated within the next 16 lines "
+             "trained on PTB with a line of random words after every 2nd line, repeated within the next 8 lines "
              "(experiments/repeat_corpus.py), where only copying predicts the repeat; every row is probed on PTB's own "
              "validation text." if any(r.get("trained_on") ==
              "ptb+repeats" for r in recall) else ""), "",
