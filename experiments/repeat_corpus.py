@@ -14,8 +14,8 @@ about --back x 21 tokens (PTB's mean line). valid.txt and test.txt are PTB's own
 perplexities read the same text as for the models trained on PTB.
 
 Copying (induction heads, Olsson et al., 2022) is learned late, after a plateau: 400 steps with the copy teacher's
-flags (--max_steps 400) taught none, with a span after every 4th line (--back 16) or after every line (--back 1). The study trains its copy teacher for the full budget (2,400 steps)
-and its report says whether it copies.
+flags (--max_steps 400) taught none, with a span after every 4th line (--back 16) or after every line (--back 1).
+The study trains its copy teacher for the full budget (2,400 steps) and its report says whether it copies.
 """
 
 import argparse
