@@ -108,7 +108,7 @@ def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
     ptb = load_corpus("ptb")
     assert all((tmp_path / f"{split}.txt").read_text() == ptb[split] for split in ("valid", "test"))
     train = (tmp_path / "train.txt").read_text().splitlines()
-    assert len(train) == len(ptb["train"].splitlines()) * 2
+    assert len(train) == len(ptb["train"].splitlines()) * (repeat_corpus.EVERY + 2) // repeat_corpus.EVERY
 
 
 def test_the_copy_plan_is_the_recall_rows_trained_on_the_repeat_corpus(tmp_path):

@@ -30,6 +30,7 @@ from data import load_corpus  # noqa: E402
 from runtime import Parser, atomic_write, positive_int, run_main  # noqa: E402
 
 REPEATS_DIR = os.path.join(ROOT, "data", "ptb-repeats")
+EVERY, BACK, WORDS = 2, 8, 16  # the study's corpus: a span after every 2nd line, repeated within 8, of 8 to 24 words
 
 
 def with_random_spans(lines: list, every: int, back: int, words: int = 16, seed: int = 0) -> list:
@@ -49,7 +50,7 @@ def with_random_spans(lines: list, every: int, back: int, words: int = 16, seed:
     return out
 
 
-def write_corpus(folder: str = REPEATS_DIR, every: int = 2, back: int = 8, words: int = 16, seed: int = 0):
+def write_corpus(folder: str = REPEATS_DIR, every: int = EVERY, back: int = BACK, words: int = WORDS, seed: int = 0):
     """folder/train.txt with repeated spans, valid.txt and test.txt as PTB's; the same files for the same flags."""
     for split, text in load_corpus("ptb").items():
         lines = original = text.splitlines()
@@ -68,9 +69,9 @@ def main(argv=None):
     p = Parser(prog="experiments/repeat_corpus.py", description=__doc__,
                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=REPEATS_DIR, help="the folder written")
-    p.add_argument("--every", type=positive_int, default=2, help="a random span after every N-th training line")
-    p.add_argument("--back", type=positive_int, default=8, help="its copy comes after 0 to N - 1 lines of text")
-    p.add_argument("--words", type=positive_int, default=16, help="a span has N / 2 to 3 N / 2 random words")
+    p.add_argument("--every", type=positive_int, default=EVERY, help="a random span after every N-th training line")
+    p.add_argument("--back", type=positive_int, default=BACK, help="its copy comes after 0 to N - 1 lines of text")
+    p.add_argument("--words", type=positive_int, default=WORDS, help="a span has N / 2 to 3 N / 2 random words")
     p.add_argument("--seed", type=int, default=0, help="the spans' words and the copies' places")
     args = p.parse_args(argv)
     write_corpus(args.out, args.every, args.back, args.words, args.seed)
