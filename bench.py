@@ -34,9 +34,9 @@ from bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODELS, TRAIN_M
                           lm_config, train_model)
 from bench_report import machine_line, value, write_all
 from bench_tools import (StepTimer, cuda_reset, largest_batch, latency_at, measure_step, memory_readings, row,
-                         steps_per_s, sru_theory_ratio, theory_ratio)
+                         steps_per_s, sru_theory_ratio, theory_ratio, time_shares)
 from t2r import Config, state_bytes
-from translate import measure_run
+from translate import decode_speed, load_run, measure_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
 
 SECTIONS = ("gen", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: with --mt_runs; capacity: CUDA
@@ -258,7 +258,8 @@ def bench_capacity(args, rows):
 
 
 def bench_translators(args, rows):
-    """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5."""
+    """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5, and where greedy
+    decoding's time goes."""
     for run in args.mt_runs:
         config = load_checkpoint(os.path.join(run, "model.pt"))["config"]
         kinds = sorted(set(Config(**config).layer_kinds()) | {config.get("cross_attn", "softmax")})
@@ -269,6 +270,22 @@ def bench_translators(args, rows):
             passes = ", ".join(f"{r:.0f}" for r in result["tokens_per_s_passes"])
             print(f"mt   {name:17s} beam {beam}: {result['tokens_per_s']:7.0f} tok/s, the median of {passes} "
                   f"({run})", flush=True)
+        if args.device.type != "cpu":
+            continue  # the profile reads CPU time; a GPU's kernels run asynchronously of it
+        shares = profile_greedy(run, args)
+        rows += [row("mt", name, 16, 0, f"share_{part}", share, "fraction") for part, share in shares.items()]
+        print(f"mt   {name:17s} greedy time: " + ", ".join(f"{p} {s:.0%}" for p, s in shares.items()), flush=True)
+
+
+def profile_greedy(run, args) -> dict:
+    """Greedy decoding's time in parts (bench_tools.time_shares): one pass timed, one more under the profiler."""
+    model, tokenizer, sentences, saved = load_run(run, args.device, args.mt_sentences)
+    decode = lambda: decode_speed(model, tokenizer, sentences, args.device, 16, 1, saved["max_len_a"],
+                                  saved["max_len_b"])
+    seconds = decode()["seconds"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profile:
+        decode()
+    return time_shares(profile.key_averages(group_by_input_shape=True), model.config.vocab_size, seconds)
 
 
 # -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import platform
 
 import torch
 
-from bench_tools import row
+from bench_tools import TIME_PARTS, row
 from runtime import atomic_write, write_csv
 
 CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit", "device"]
@@ -39,6 +39,9 @@ HOW_IT_MEASURES = """## How it measures
   the last token fit in the GPU's memory. Doubling, then bisection to within 1/64, each try building the state as
   generation leaves it (`bench_tools.state_at`: a KV cache of that many entries in the capacity its doubling
   reached) and running one step; out of memory means no. tokens/s there: batch / the median of 5 steps.
+- **Where the time goes** (CPU, `--mt_runs`): one more greedy pass under `torch.profiler`; each part's self
+  CPU time over the time of a pass without the profiler (`bench_tools.time_shares`). A ceiling in "What bounds
+  the ratios" is what the ratio would be if the part that differs cost nothing and the rest stayed the same.
 - **Precision.** `--dtype bfloat16` puts the generation models' weights and KV caches in bf16 (linear attention
   keeps S and z in float32, as t2r.py does under autocast) and runs training under bf16 autocast.
 """
@@ -92,6 +95,42 @@ def ratios(rows, args) -> list:
         a, b = value(rows, *top), 1 if bottom is None else value(rows, *bottom)
         out.append(judge(what, None if a is None or not b else a / b, op, goal))
     return out
+
+
+def ceilings(rows) -> list:
+    """(ratio, ceiling, how): what a ratio could reach if the attention arithmetic T2R replaces cost nothing."""
+    out = []
+    lengths = sorted({r["length"] for r in rows if r["section"] == "gen" and r["model"] == "softmax_kv"})
+    for L in lengths[-1:]:
+        softmax = value(rows, "gen", "softmax_kv", 16, L, "tokens_per_s")
+        for floor, how in (("proj_only", "the same projections, no attention arithmetic"),
+                           ("floor", "no self-attention layer at all")):
+            top = value(rows, "gen", floor, 16, L, "tokens_per_s")
+            if top and softmax:
+                out.append((f"t2r32 / softmax_kv tokens/s at {L}, batch 16", top / softmax, f"{floor} / softmax_kv: "
+                            + how))
+    share = value(rows, "mt", "softmax", 16, 0, "share_sdpa")
+    if share is not None:
+        out.append(("translator greedy, test sentences: t2r / softmax tokens/s, batch 16", 1 / (1 - share),
+                    f"1 / (1 - {share:.1%}): {share:.1%} of softmax's greedy time is its decoder's attention kernel (SDPA)"))
+    return out
+
+
+def bounds(rows) -> list:
+    """bench.md's section on what bounds the ratios: the ceilings, and the translators' time in parts."""
+    found = ceilings(rows)
+    names = list(dict.fromkeys(r["model"] for r in rows if r["section"] == "mt" and r["metric"] == "share_rest"))
+    lines = ["## What bounds the ratios", ""] if found or names else []
+    if found:
+        lines += ["| ratio | ceiling | from |", "|---|---|---|"]
+        lines += [f"| {what} | {ceiling:.2f} | {how} |" for what, ceiling, how in found] + [""]
+    if names:
+        lines += ["**Greedy decoding's time, in parts** (translators on their test sentences, batch 16)", "",
+                  "| model | output head | other matrix products | softmax attention of the new token | the rest |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {name} | " + " | ".join(f"{value(rows, 'mt', name, 16, 0, 'share_' + p):.0%}" for p in TIME_PARTS)
+                  + " |" for name in names] + [""]
+    return lines
 
 
 def judge(what, measured, op, goal) -> tuple:
@@ -150,7 +189,8 @@ def markdown(rows, args, command, seconds, models) -> str:
              "state (s2s: source length = target length, encoding included). The models and how each number is "
              "measured: at the end.", "",
              "## Ratios", "", "| ratio | measured | goal | verdict |", "|---|---|---|---|"]
-    lines += [f"| {' | '.join(r)} |" for r in ratios(rows, args)] + ["", "## Generation, language model", ""]
+    lines += [f"| {' | '.join(r)} |" for r in ratios(rows, args)] + [""] + bounds(rows)
+    lines += ["## Generation, language model", ""]
     lines += table(rows, "gen", "tokens_per_s", "tokens/s") + table(rows, "gen", "latency_ms", "per-token latency")
     lines += table(rows, "gen", "state_bytes", "state (KV cache or S, z)", batch=big)
     lines += table(rows, "gen", "rss_bytes" if cpu else "cuda_peak_bytes",

@@ -142,6 +142,29 @@ def measure_step(step, args) -> tuple:
     return ms, pm.peak
 
 
+# The parts of a translator's decoding time (bench.py's profiled pass): a matrix product with the vocabulary as one
+# dimension is the output head; the other matrix products are the projections and feed-forward layers; the fused
+# softmax attention kernel (SDPA) of one new token over the KV caches is what T2R replaces (the encoder, softmax in
+# both, reads the whole source at once); the rest is everything else.
+TIME_PARTS = ("head", "linear", "sdpa", "rest")
+
+
+def time_shares(events, vocab_size: int, seconds: float) -> dict:
+    """Each part's share of `seconds` (a pass timed without the profiler, whose own cost is left out), from
+    torch.profiler's key_averages(group_by_input_shape=True): self CPU time, so an op inside another counts once."""
+    spent = dict.fromkeys(TIME_PARTS[:-1], 0.0)
+    for event in events:
+        if event.key in ("aten::addmm", "aten::mm"):
+            part = "head" if any(vocab_size in shape for shape in event.input_shapes) else "linear"
+        elif "scaled_dot_product" in event.key and event.input_shapes[0][2:3] == [1]:  # q: (B, H, 1, d)
+            part = "sdpa"
+        else:
+            continue
+        spent[part] += event.self_cpu_time_total / 1e6
+    shares = {part: t / seconds for part, t in spent.items()}
+    return {**shares, "rest": 1 - sum(shares.values())}
+
+
 def memory_readings(device, baseline: int) -> dict:
     """CUDA: the peak allocated since cuda_reset, less its baseline. CPU: the resident set now (Linux, else 0)
     and the process's peak resident set so far (it only grows during a run)."""

@@ -208,3 +208,61 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
 def test_bad_input_is_a_one_line_error(run_here, argv, fragment, tmp_path):
     assert_one_line_error(run_here("bench.py", *argv, "--out_dir", tmp_path, cwd=tmp_path), fragment)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+# -----------------------------------------------------------------------------
+# What bounds the ratios: the translators' time in parts, and the ceilings
+
+def translator_run(folder, kind):
+    """A finished train_mt.py run folder (model.pt, args.json) holding a tiny random translator of `kind`."""
+    import json
+    import mt_data
+    from conftest import write_parallel
+    from t2r import Seq2SeqTransformer
+    corpus = write_parallel(str(folder / "toy"), n=(60, 10, 25))
+    tokenizer = mt_data.train_joint_bpe(mt_data.load_parallel(corpus, "en", "de")["train"], 300)
+    torch.manual_seed(0)
+    config = Config(vocab_size=tokenizer.get_vocab_size(), n_layer=2, n_encoder_layer=1, n_head=2, d_model=16,
+                    d_ff=32, dropout=0.0, attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6,
+                    pad_id=mt_data.PAD_ID)
+    model = Seq2SeqTransformer(config).eval()
+    torch.save({"model": model.state_dict(), "config": config.to_dict(), "tokenizer": tokenizer.to_str()},
+               folder / "model.pt")
+    (folder / "args.json").write_text(json.dumps(dict(dataset=corpus, src="en", tgt="de", data_dir=None,
+                                                      bleu_sentences=20, max_len_a=1.5, max_len_b=4)))
+    return str(folder), config
+
+
+@pytest.mark.parametrize("kind", ["softmax", "t2r"])
+def test_greedy_time_is_split_into_parts_that_add_up(tmp_path, kind):
+    """The head and the other matrix products are found in both; the attention kernel of one new token only in
+    softmax's decoding (both encoders are softmax)."""
+    run_dir, _ = translator_run(tmp_path, kind)
+    shares = bench.profile_greedy(run_dir, SimpleNamespace(device=torch.device("cpu"), mt_sentences=20))
+    print(kind, {part: round(share, 3) for part, share in shares.items()})
+    assert list(shares) == list(bench_tools.TIME_PARTS) and abs(sum(shares.values()) - 1) < 1e-9
+    assert shares["head"] > 0 and shares["linear"] > 0 and shares["rest"] > 0
+    assert (shares["sdpa"] > 0) == (kind == "softmax")
+
+
+def test_time_shares_sort_ops_by_name_and_shape():
+    event = lambda key, shapes, us: SimpleNamespace(key=key, input_shapes=shapes, self_cpu_time_total=us)
+    events = [event("aten::addmm", [[50], [16, 8], [8, 50]], 300.0), event("aten::mm", [[16, 8], [8, 24]], 200.0),
+              event("aten::addmm", [[24], [16, 8], [8, 24]], 100.0),
+              event("aten::_scaled_dot_product_flash_attention_for_cpu", [[16, 2, 1, 4]], 250.0),
+              event("aten::_scaled_dot_product_flash_attention_for_cpu", [[16, 2, 7, 4]], 80.0),  # the encoder
+              event("aten::layer_norm", [[16, 8]], 50.0)]
+    shares = bench_tools.time_shares(events, vocab_size=50, seconds=0.002)
+    assert shares == pytest.approx(dict(head=0.15, linear=0.15, sdpa=0.125, rest=0.575))
+
+
+def test_ceilings_are_the_floors_over_softmax_and_the_attention_share():
+    rows = [bench.row("gen", model, 16, 8192, "tokens_per_s", tps, "tok/s")
+            for model, tps in (("softmax_kv", 400.0), ("proj_only", 2800.0), ("floor", 3400.0))]
+    rows += [bench.row("mt", "softmax", 16, 0, f"share_{part}", share, "fraction")
+             for part, share in zip(bench_tools.TIME_PARTS, (0.3, 0.4, 0.2, 0.1))]
+    got = [(what, round(ceiling, 4)) for what, ceiling, _ in bench_report.ceilings(rows)]
+    assert got == [("t2r32 / softmax_kv tokens/s at 8192, batch 16", 7.0),
+                   ("t2r32 / softmax_kv tokens/s at 8192, batch 16", 8.5),
+                   ("translator greedy, test sentences: t2r / softmax tokens/s, batch 16", 1.25)]
+    assert "| softmax | 30% | 40% | 20% | 10% |" in bench_report.bounds(rows)

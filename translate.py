@@ -203,10 +203,9 @@ def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16
             "sentences": len(ids), "batch_size": batch_size, "beam": beam}
 
 
-def measure_run(out_dir: str, device, batch_size: int = 16, passes: int = 3, beam: int = 1, max_sentences: int = 0):
-    """decode_speed of a finished train_mt.py run on its own test sentences (its --bleu_sentences, or the first
-    max_sentences) with its length limits (args.json): the median of `passes` passes (one pass of ~15 s on a CPU
-    varies by several percent), and every pass's tokens/s."""
+def load_run(out_dir: str, device, max_sentences: int = 0):
+    """A finished train_mt.py run, ready to decode its own test sentences (its --bleu_sentences, or the first
+    max_sentences): (the inference model, its tokenizer, the sentences, the run's args.json)."""
     with open(os.path.join(out_dir, "args.json")) as f:
         args = json.load(f)
     model, tokenizer, _ = load_translator(os.path.join(out_dir, "model.pt"))
@@ -215,7 +214,13 @@ def measure_run(out_dir: str, device, batch_size: int = 16, passes: int = 3, bea
     except mt_data.DataError as error:
         raise UserError(str(error)) from None
     sentences = [s for s, _ in corpus["test"][: max_sentences or args["bleu_sentences"] or None]]
-    model = inference_model(model.to(device))
+    return inference_model(model.to(device)), tokenizer, sentences, args
+
+
+def measure_run(out_dir: str, device, batch_size: int = 16, passes: int = 3, beam: int = 1, max_sentences: int = 0):
+    """decode_speed of a finished train_mt.py run on its own test sentences with its length limits (load_run): the
+    median of `passes` passes (one pass of ~15 s on a CPU varies by several percent), and every pass's tokens/s."""
+    model, tokenizer, sentences, args = load_run(out_dir, device, max_sentences)
     runs = [decode_speed(model, tokenizer, sentences, device, batch_size, beam, args["max_len_a"], args["max_len_b"],
                          args.get("lenpen", 0.6)) for _ in range(passes)]
     median = sorted(runs, key=lambda p: p["tokens_per_s"])[len(runs) // 2]
