@@ -134,3 +134,10 @@ def test_the_recall_table_names_each_models_training_text(tmp_path):
     assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated spans) | 0.90 (0.20) |" in text
     assert "**The softmax teacher does not copy**" in text
     assert "The softmax teacher (trained with repeated spans) copies" in text
+
+
+@pytest.mark.parametrize("every, back, words, text", [
+    (2, 8, 16, "a line of 8 to 24 random words after every 2 training lines, repeated 0 to 7 lines of text after it"),
+    (1, 1, 32, "a line of 16 to 48 random words after every training line, repeated right after it")])
+def test_the_report_describes_the_corpus_from_its_flags(every, back, words, text):
+    assert repeat_corpus.layout(every, back, words) == text

@@ -26,7 +26,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,  # noqa: E402
                     half_range, model_name, recall_label)
-from repeat_corpus import BACK, EVERY  # noqa: E402
+from repeat_corpus import layout  # noqa: E402
 from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
 from runtime import UserError, atomic_write, run_main  # noqa: E402
 
@@ -214,9 +214,8 @@ def recall_section(results: dict, figure) -> list:
              "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
              "loss there is not forgetting alone." + (" Rows marked *trained with repeated spans* are the same models "
-             f"trained on PTB with a line of random words after every {EVERY} lines, repeated within the next {BACK} "
-             "lines (experiments/repeat_corpus.py), where only copying predicts the repeat; every row is probed on "
-             "PTB's own validation text." if any(r.get("trained_on") == "ptb+repeats" for r in recall) else ""), "",
+             f"trained on PTB with {layout()} (experiments/repeat_corpus.py), where only copying predicts the repeat; "
+             "every row is probed on PTB's own validation text." if any(r.get("trained_on") == "ptb+repeats" for r in recall) else ""), "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
     for label in dict.fromkeys(recall_label(r) for r in recall):
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
