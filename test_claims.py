@@ -253,3 +253,10 @@ def test_the_paper_numbers_in_the_claims_are_the_tables():
     assert "1.2 vs 0.6" in paper.values() and "1.2 vs -0.3" in paper.values()  # the gains from pretraining
     mt = [dict(model=m, init=i, bleu=20.0, tokens_per_s=None) for m, i in claims.PAPER_MT]
     assert [c[1] for c in claims.mt_claims(mt)] == ["28.7 vs 28.9", "28.7 vs 27.5 (random init)", "28.4 vs 28.7"]
+
+
+def test_the_machine_line_counts_threads_and_runs_in_words():
+    machine = {"machines": [dict(device="AMD EPYC, 2 cores", threads=1, torch="2.13.0+cpu", date="2026-11-24", runs=1),
+                            dict(device="AMD EPYC, 2 cores", threads=2, torch="2.13.0+cpu", date="2026-11-23", runs=3)]}
+    assert study_report.machine_lines(machine) == ["AMD EPYC, 2 cores, 1 thread, torch 2.13.0+cpu, 2026-11-24: 1 run",
+                                                   "AMD EPYC, 2 cores, 2 threads, torch 2.13.0+cpu, 2026-11-23: 3 runs"]

@@ -92,10 +92,14 @@ def machine_lines(machine: dict) -> list:
     """One line per machine the runs ran on: device, threads, torch, date, how many runs."""
     lines = []
     for m in machine.get("machines", []):
-        where = (f"{m['device']}, {m['threads']} threads, torch {m['torch']}, {m['date']}" if m.get("device")
-                 else "not recorded")
-        lines.append(f"{where}: {m['runs']} runs")
+        where = (f"{m['device']}, {count(m['threads'], 'thread')}, torch {m['torch']}, {m['date']}"
+                 if m.get("device") else "not recorded")
+        lines.append(f"{where}: {count(m['runs'], 'run')}")
     return lines or ["not recorded"]
+
+
+def count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def provenance(machine: dict) -> str:
