@@ -112,7 +112,7 @@ def ceilings(rows) -> list:
     share = value(rows, "mt", "softmax", 16, 0, "share_sdpa")
     if share is not None:
         out.append(("translator greedy, test sentences: t2r / softmax tokens/s, batch 16", 1 / (1 - share),
-                    f"1 / (1 - {share:.1%}): {share:.1%} of softmax's greedy time is its decoder's attention kernel (SDPA)"))
+                    f"1 / (1 - {share:.1%}): the share of softmax's greedy time in its decoder's attention kernel"))
     return out
 
 
@@ -128,8 +128,8 @@ def bounds(rows) -> list:
         lines += ["**Greedy decoding's time, in parts** (translators on their test sentences, batch 16)", "",
                   "| model | output head | other matrix products | softmax attention of the new token | the rest |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {name} | " + " | ".join(f"{value(rows, 'mt', name, 16, 0, 'share_' + p):.0%}" for p in TIME_PARTS)
-                  + " |" for name in names] + [""]
+        share = lambda name, part: f"{value(rows, 'mt', name, 16, 0, 'share_' + part):.0%}"
+        lines += [f"| {name} | " + " | ".join(share(name, p) for p in TIME_PARTS) + " |" for name in names] + [""]
     return lines
 
 

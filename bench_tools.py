@@ -156,8 +156,8 @@ def time_shares(events, vocab_size: int, seconds: float) -> dict:
     for event in events:
         if event.key in ("aten::addmm", "aten::mm"):
             part = "head" if any(vocab_size in shape for shape in event.input_shapes) else "linear"
-        elif "scaled_dot_product" in event.key and event.input_shapes[0][2:3] == [1]:  # q: (B, H, 1, d)
-            part = "sdpa"
+        elif "scaled_dot_product" in event.key and event.input_shapes and event.input_shapes[0][2:3] == [1]:
+            part = "sdpa"  # q: (B, H, 1, d)
         else:
             continue
         spent[part] += event.self_cpu_time_total / 1e6
