@@ -100,15 +100,13 @@ def ratios(rows, args) -> list:
 def ceilings(rows) -> list:
     """(ratio, ceiling, how): what a ratio could reach if the attention arithmetic T2R replaces cost nothing."""
     out = []
-    lengths = sorted({r["length"] for r in rows if r["section"] == "gen" and r["model"] == "softmax_kv"})
-    for L in lengths[-1:]:
-        softmax = value(rows, "gen", "softmax_kv", 16, L, "tokens_per_s")
-        for floor, how in (("proj_only", "the same projections, no attention arithmetic"),
-                           ("floor", "no self-attention layer at all")):
-            top = value(rows, "gen", floor, 16, L, "tokens_per_s")
-            if top and softmax:
-                out.append((f"t2r32 / softmax_kv tokens/s at {L}, batch 16", top / softmax, f"{floor} / softmax_kv: "
-                            + how))
+    L = max((r["length"] for r in rows if r["section"] == "gen" and r["model"] == "softmax_kv"), default=None)
+    softmax = value(rows, "gen", "softmax_kv", 16, L, "tokens_per_s")
+    for floor, how in (("proj_only", "the same projections, no attention arithmetic"),
+                       ("floor", "no self-attention layer at all")):
+        top = value(rows, "gen", floor, 16, L, "tokens_per_s")
+        if top and softmax:
+            out.append((f"t2r32 / softmax_kv tokens/s at {L}, batch 16", top / softmax, f"{floor} / softmax_kv: {how}"))
     share = value(rows, "mt", "softmax", 16, 0, "share_sdpa")
     if share is not None:
         out.append(("translator greedy, test sentences: t2r / softmax tokens/s, batch 16", 1 / (1 - share),

@@ -40,7 +40,7 @@ def layout(every: int = EVERY, back: int = BACK, words: int = WORDS) -> str:
     return f"a line of {max(1, words // 2)} to {3 * words // 2} random words after {where}, repeated {again}"
 
 
-def with_random_spans(lines: list, every: int, back: int, words: int = 16, seed: int = 0) -> list:
+def with_random_spans(lines: list, every: int, back: int, words: int = WORDS, seed: int = 0) -> list:
     """After every `every`-th line, a line of random words from `lines`; it comes again after 0 to `back` - 1 more
     lines of text (the copies of spans that fall past the end come at the end)."""
     rng = random.Random(seed)

@@ -219,7 +219,8 @@ def recall_section(results: dict, figure) -> list:
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
              "loss there is not forgetting alone." + (" Rows marked *trained with repeated spans* are the same models "
              f"trained on PTB with {layout()} (experiments/repeat_corpus.py), where only copying predicts the repeat; "
-             "every row is probed on PTB's own validation text." if any(r.get("trained_on") == "ptb+repeats" for r in recall) else ""), "",
+             "every row is probed on PTB's own validation text."
+             if any(r.get("trained_on") == "ptb+repeats" for r in recall) else ""), "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
     for label in dict.fromkeys(recall_label(r) for r in recall):
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
