@@ -45,6 +45,9 @@ def run_main(main):
     except Interrupted as message:
         print(message, file=sys.stderr)
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
+        sys.exit(1)
 
 
 class Parser(argparse.ArgumentParser):

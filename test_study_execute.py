@@ -27,6 +27,8 @@ signals = []
 signal.signal(signal.SIGINT, lambda *_: signals.append(1))
 start = time.time()
 open(os.path.join(out, "started"), "w").close()
+with open(os.path.join(out, "args.json"), "w") as f:
+    json.dump({name[2:]: value for name, value in flags.items()}, f)
 if flags.get("--interrupt_self"):
     os.kill(os.getpid(), signal.SIGINT)
 while time.time() - start < float(flags["--seconds"]) and not signals:
@@ -37,10 +39,11 @@ with open(os.path.join(out, "trace.json"), "w") as f:
                "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
 if signals:
     sys.exit(130)
-if "--weights" in flags:  # a checkpoint with one weight, for the records' digests
+if "--weights_from" in flags:  # a checkpoint with one weight, for the records' digests; the file's value stands
+    weight = float(open(flags["--weights_from"]).read())  # for what the same flags trained (the same, or not)
     import torch
     for name in ("ckpt.pt", "model.pt"):
-        torch.save({"model": {"w": torch.tensor([float(flags["--weights"])])}}, os.path.join(out, name))
+        torch.save({"model": {"w": torch.tensor([weight])}}, os.path.join(out, name))
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({"valid": {"ppl": 1.0}, "test": {"ppl": 1.0}, "train_minutes": 0.0}, f)
 """
@@ -98,6 +101,28 @@ def test_a_failed_run_is_an_error_naming_its_log(tmp_path):
         study.execute([teacher], dry_run=False, jobs=2)
 
 
+@pytest.mark.parametrize("kept_in", ["out", "its record"])
+def test_a_finished_run_the_plan_has_changed_since_is_refused(tmp_path, kept_in):
+    plan, records = kept_plan(tmp_path)
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    if kept_in == "its record":
+        shutil.rmtree(tmp_path / "out")  # a new machine
+    plan[1].flags["seconds"] = 0.2
+    with pytest.raises(study.UserError, match=r"out/student was trained with other flags than the plan's: "
+                       r"--seconds 0.1 \(the plan: 0.2\); delete it"):
+        study.execute(plan, dry_run=False, jobs=1, records=records)
+
+
+def test_study_output_into_a_closed_pipe_stops_without_a_traceback():
+    printer = subprocess.Popen([sys.executable, "-c", "from runtime import run_main\n"
+                                "run_main(lambda: [print(i, flush=True) for i in range(10**6)])"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    printer.stdout.readline()
+    printer.stdout.close()  # as `| head -1` does
+    stderr = printer.stderr.read().decode()
+    assert printer.wait(timeout=30) == 1 and stderr == "", stderr
+
+
 def test_dry_run_starts_nothing(tmp_path):
     plan = fake_plan(tmp_path, seconds=0.5)
     study.execute(plan, dry_run=True, jobs=2)
@@ -146,7 +171,8 @@ def test_a_conversion_of_an_older_teacher_is_refused(tmp_path, teacher_since):
     study.execute([teacher, student], dry_run=False, jobs=1)
     (tmp_path / "student" / "ckpt.pt").write_bytes(b"")
     if teacher_since == "trains on":
-        (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
+        saved = json.loads((tmp_path / "teacher" / "args.json").read_text())
+        (tmp_path / "teacher" / "args.json").write_text(json.dumps({**saved, "max_steps": 4}))
         teacher.flags["max_steps"] = 8
         teacher.script = "train_mt.py"
     else:
@@ -169,7 +195,8 @@ with open(os.path.join(sys.argv[1], "probe.txt"), "w") as f:
 
 def test_a_run_is_probed_after_it_trains_and_done_only_then(tmp_path):
     teacher = fake_plan(tmp_path, seconds=0.1)[0]
-    teacher.flags["weights"] = 1.0  # the probe reads them
+    (tmp_path / "weights.txt").write_text("1.0")
+    teacher.flags["weights_from"] = str(tmp_path / "weights.txt")  # the probe reads them
     (tmp_path / "probe.py").write_text(PROBE)
     teacher.probes = [("probe.txt", [str(tmp_path / "probe.py"), teacher.out_dir])]
     study.execute([teacher], dry_run=False, jobs=1)
@@ -182,8 +209,9 @@ def kept_plan(tmp_path, teacher_weights=1.0, students=("student",)):
     """A teacher with weights and its conversions, under tmp_path/out, their records under tmp_path/records."""
     script = tmp_path / "fake_trainer.py"
     script.write_text(FAKE_TRAINER)
-    out = tmp_path / "out"
-    run = lambda name, **flags: study.Run(name, str(script), {"seconds": 0.1, "weights": teacher_weights, **flags,
+    out, weights = tmp_path / "out", tmp_path / "weights.txt"
+    weights.write_text(str(teacher_weights))
+    run = lambda name, **flags: study.Run(name, str(script), {"seconds": 0.1, "weights_from": str(weights), **flags,
                                                               "out_dir": str(out / name)})
     plan = [run("teacher")] + [run(name, pretrained=str(out / "teacher" / "ckpt.pt")) for name in students]
     return plan, Records(str(out), str(tmp_path / "records"))

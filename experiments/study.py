@@ -10,9 +10,9 @@ Every run is a plain train_lm.py / train_mt.py command with its own out_dir, fol
 (experiments/probes.py: the attention analysis, the recall probe, a translator's speed), which read its weights
 while they are there. A finished run's results are kept in results/runs/ (experiments/records.py), so that a study
 continued on a new machine, whose out/ is empty, trains only what is missing. A run with a results.json is
-skipped, a run with a ckpt.pt but no results.json is resumed, so an interrupted study (Ctrl-C, or
-`kill -INT` of this script: each run saves first) continues where it stopped. With --jobs 2 two runs share the
-machine, a conversion starting once its teacher is trained. Then experiments/gather.py collects each run's results
+skipped (refused where its args.json differs from the plan's flags), a run with a ckpt.pt but no results.json is
+resumed, so an interrupted study (Ctrl-C, or `kill -INT` of this script: each run saves first) continues where it
+stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then experiments/gather.py collects each run's results
 into results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables,
 plots and claims of results/README.md.
 
@@ -290,6 +290,43 @@ def refuse_stale(runs: list, records: Records | None):
                         f"the new teacher")
 
 
+# The flags a run's args.json may differ in from the plan's: paths that name another machine's checkout (the teacher
+# is checked by its digest instead), and --resume, which the study adds
+UNCHECKED = ("out_dir", "pretrained", "resume")
+
+
+def changed_flags(run: Run) -> list:
+    """The plan's flags that run's args.json (its own, or its record's) says it was trained with otherwise: a finished
+    run must not stand for a run the plan has changed since. A translator given more steps trains on ("shorter")."""
+    saved_path = os.path.join(run.out_dir, "args.json")
+    saved = read_json(saved_path) if os.path.isfile(saved_path) else None
+    changed = []
+    for name, planned in run.flags.items() if saved is not None else ():
+        was = saved.get(name)
+        trains_on = name == "max_steps" and run.script == "train_mt.py" and isinstance(was, int) and was < planned
+        if name not in UNCHECKED and not same_value(was, planned) and not trains_on:
+            changed.append(f"--{name} {was} (the plan: {planned})")
+    return changed
+
+
+def same_value(saved, planned) -> bool:
+    if planned is True or saved is None:
+        return saved is planned
+    try:
+        return float(saved) == float(planned)
+    except (TypeError, ValueError):
+        return str(saved) == str(planned)
+
+
+def refuse_changed(runs: list, records: Records | None):
+    changed = [(r, flags) for r in runs if (flags := changed_flags(r))]
+    if changed:
+        (run, flags), more = changed[0], f" (and {len(changed) - 1} more runs)" if changed[1:] else ""
+        raise UserError(f"{run.out_dir}{more} was trained with other flags than the plan's: {', '.join(flags)}; "
+                        f"delete it (and its record under {records.root if records else 'results/runs'}) to train "
+                        f"it as planned")
+
+
 def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = None):
     """Train and probe every unfinished run of the plan, `jobs` at a time, each with its share of the CPU threads,
     in the plan's order as far as the teachers allow, and keep each finished run's record. Ctrl-C stops them all;
@@ -300,6 +337,7 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
             write_json(os.path.join(run.out_dir, "machine.json"), {**machine(), "threads": threads})
     if records and not dry_run:
         restore(runs, records)
+    refuse_changed(runs, records)
     refuse_stale(runs, records)
     todo = [r for r in runs if state(r) != "done"]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done")
