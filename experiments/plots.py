@@ -82,6 +82,8 @@ def plot_learning_curves(curves: list, footer: str, path: str):
     tasks = [t for t in ("lm", "mt") if group(curves, task=t)]
     from matplotlib.ticker import FuncFormatter
     plain = FuncFormatter(lambda v, _: f"{v:.3g}" if v < 100 else f"{v:.0f}")  # 200 and 10.5, not 2 x 10^2 and 10
+    # between the powers of ten only 2, 3 and 5 x 10^n: all nine crowd where the axis spans decades (60 70 80 90 100)
+    sparse = FuncFormatter(lambda v, _: plain(v) if f"{v:.1e}"[0] in "235" else "")
     plt, fig, axes = new_figure(2, 11, nrows=len(tasks))
     for task, full, zoom in zip(tasks, axes[0::2], axes[1::2]):
         teacher = group(curves, task=task, model="softmax", init="random")
@@ -105,8 +107,8 @@ def plot_learning_curves(curves: list, footer: str, path: str):
         title = {"lm": "Language model (PTB)", "mt": "Translator (LibreOffice en-de)"}[task]
         full.set_yscale("log")
         for ax, suffix in ((full, ""), (zoom, ": the conversions")):
-            for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-                axis(plain)
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(sparse if ax is full else plain)
             ax.set_xlabel("training tokens (millions; a conversion's after its teacher's)")
             ax.set_ylabel("validation perplexity (periodic estimate)")
             ax.set_title(title + suffix)

@@ -64,8 +64,8 @@ def read_csv(path: str) -> list:
 
 
 def read_results(results_dir: str) -> dict:
-    """{lm, fs, att, mt, bench, curves, recall: rows; machine: machine.json or {}}. A Fig. 4 row's variant: pretrained, random or
-    pretrained_mlp_frozen."""
+    """{lm, fs, att, mt, bench, curves, recall: rows; machine: machine.json or {}}. A Fig. 4 row's variant:
+    pretrained, random or pretrained_mlp_frozen."""
     lm, fs, att, mt = (read_csv(os.path.join(results_dir, f"{name}.csv")) for name in CSVS)
     for r in fs:
         r["variant"] = "pretrained_mlp_frozen" if r["model"] == "t2r_mlp_frozen" else r["init"]
