@@ -28,7 +28,7 @@ import torch
 import data
 from t2r import convert, feature_sizes
 from runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint, print_config,
-                     run_main, write_csv)
+                     run_main, seed, write_csv)
 
 
 # -----------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def get_args(argv=None):
     p.add_argument("--teacher", default=None, help="the softmax checkpoint they were converted from (for distances)")
     p.add_argument("--before", type=int, nargs="*", default=[], metavar="K",
                    help="also analyse the teacher swapped to T2R with feature size K, before any finetuning")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fresh feature maps of --before (train_lm.py's --seed)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the fresh feature maps of --before (train_lm.py's --seed)")
     p.add_argument("--dataset", default=None, help="dataset of the validation windows (default: the checkpoints')")
     p.add_argument("--data_dir", default=None, help="where the dataset lives (default: the checkpoints')")
     p.add_argument("--split", default="valid", choices=["valid", "test"], help="which split the windows come from")

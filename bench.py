@@ -37,7 +37,7 @@ from bench_tools import (StepTimer, cuda_reset, largest_batch, latency_at, measu
                          steps_per_s, sru_theory_ratio, theory_ratio, time_shares)
 from t2r import Config, state_bytes
 from translate import decode_speed, load_run, measure_run
-from runtime import Parser, UserError, is_sru, load_checkpoint, run_main
+from runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
 
 SECTIONS = ("gen", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: with --mt_runs; capacity: CUDA
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
@@ -98,8 +98,8 @@ def make_parser() -> Parser:
     p.add_argument("--gen_repeats", type=int, default=1,
                    help="timed generation runs; per-step times are the elementwise median")
     p.add_argument("--ckpt", default="", help="optional train_lm.py checkpoint: its LM shapes and the weights that fit")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.add_argument("--seed", type=int, default=1337, help="torch.manual_seed of the random weights and tokens")
+    p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--seed", type=seed, default=1337, help="torch.manual_seed of the random weights and tokens")
     return p
 
 
@@ -110,7 +110,8 @@ def get_args(argv=None):
     for name, default in (QUICK if args.quick else {**FULL, **(FULL_CUDA if cuda else {})}).items():
         if getattr(args, name) is None:
             setattr(args, name, int_list(default) if name.endswith(("lengths", "sizes")) else default)
-    only = [s.strip() for s in args.only.split(",") if s.strip()] or [s for s in SECTIONS if cuda or s != "capacity"]
+    named = [s.strip() for s in args.only.split(",") if s.strip()]
+    only = named or [s for s in SECTIONS if cuda or s != "capacity"]
     args.only = [s for o in only for s in (("train_attn", "train_lm") if o == "train" else (o,))]
     for section in args.only:
         if section not in SECTIONS:
@@ -133,7 +134,21 @@ def get_args(argv=None):
         p.error("--device cuda: no CUDA device is available")
     if "t2r32_graph" in args.models and not cuda:
         p.error("--models t2r32_graph: CUDA graphs need a CUDA device")
+    check_selection(args, p, named)
     return args
+
+
+def check_selection(args, parser, named_sections: list):
+    """Refuse a run that would measure nothing, or could not write what it measured, before it starts."""
+    if "mt" in named_sections and not args.mt_runs:
+        parser.error("--only mt decodes the translators of --mt_runs: pass --mt_runs RUN[,RUN...]")
+    filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "s2s": list(S2S_MODELS), "capacity": ["softmax_kv", "t2r32"]}
+    sections = [s for s in filtered if s in args.only]
+    if args.models and sections and not any(set(args.models) & set(filtered[s]) for s in sections):
+        parser.error(f"--models {','.join(args.models)}: no model that --only {','.join(sections)} measures "
+                     f"(gen: {', '.join(filtered['gen'])}; s2s: {', '.join(filtered['s2s'])})")
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        parser.error(f"--out_dir {args.out_dir} is a file: pass a folder")
 
 
 # -----------------------------------------------------------------------------
@@ -347,6 +362,9 @@ def main(argv=None):
         if is_sru(checkpoint["config"]):
             raise UserError(f"{args.ckpt} is an SRU++ model: --ckpt takes the shapes of a transformer LM "
                             f"(the SRU++ rows take the same width and depth)")
+        if checkpoint["config"].get("n_encoder_layer"):
+            raise UserError(f"{args.ckpt} is a translator: --ckpt takes the shapes of a language model (pass "
+                            f"a finished train_mt.py run to --mt_runs)")
         args.ckpt_config, args.ckpt_state = checkpoint["config"], checkpoint["model"]
         print(f"shapes and weights from {args.ckpt} (feature maps of other kinds stay random)")
     torch.manual_seed(args.seed)

@@ -47,6 +47,7 @@ EOS, UNK = "<eos>", "<unk>"
 CACHE_FORMAT = 1            # bump when the pipeline changes, so old caches are rebuilt
 CHUNK_CHARS = 1 << 22       # text is tokenised in ~4 MB pieces: WikiText-103 never sits in memory twice
 DEFAULT_BPE_VOCAB = 8000
+MIN_BPE_VOCAB = 256 + 1  # the byte alphabet and <eos>: the trainer would quietly make a smaller vocabulary this size
 
 # WikiText-103 (Merity et al. 2017). Mirrors change: the original metamind S3 bucket has answered
 # 403 since 2024. The checksum guards whichever mirror answers, so an unverified one is harmless.

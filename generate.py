@@ -15,6 +15,7 @@ T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and
 attention layers.
 """
 
+import os
 import time
 
 import torch
@@ -26,7 +27,7 @@ from t2r import fold, state_bytes
 from train_lm import data_identity
 from training import check_identity
 from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
-                     non_negative_float, non_negative_int, positive_int, run_main)
+                     non_negative_float, non_negative_int, positive_int, run_main, seed)
 
 
 def get_args(argv=None):
@@ -37,7 +38,7 @@ def get_args(argv=None):
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
     p.add_argument("--top_k", type=non_negative_int, default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=int, default=1337, help="seed of the sampling generator")
+    p.add_argument("--seed", type=seed, default=1337, help="seed of the sampling generator")
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
     p.add_argument("--step", default="auto", choices=["auto", "fast", "reference", "graph"],
@@ -59,7 +60,8 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
     """logits (B, V) -> next tokens (B,). Temperature 0 is argmax."""
     if temperature == 0:
         return logits.argmax(-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # <= 0 first: a tiny temperature cannot overflow
     if top_k:
         kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -102,6 +104,11 @@ def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep_logi
 
 def load_tokenizer(checkpoint):
     saved = checkpoint.get("args", {})
+    dataset = saved.get("dataset", "ptb")
+    folder = saved.get("data_dir") or dataset
+    if dataset not in ("ptb", "wikitext103") and not os.path.isdir(folder):
+        raise UserError(f"cannot rebuild the checkpoint's tokenizer: its training data {folder} is not here; run "
+                        f"generate.py from the folder it was trained in (a relative path is read from there)")
     try:
         return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
                             vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,

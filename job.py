@@ -16,7 +16,7 @@ import torch.distributed as dist
 from hf import is_hf
 from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
                      non_negative_float, non_negative_int, positive_float, positive_int, print_config, serializable,
-                     setup_distributed, take_saved_flags)
+                     seed, setup_distributed, take_saved_flags)
 from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
 from training import evaluate_finished, train
 
@@ -68,7 +68,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     g.add_argument("--warmup_steps", type=positive_int, default=None, help="warmup steps (default: a fraction of max_steps)")
     g.add_argument("--weight_decay", type=non_negative_float, default=weight_decay, help="AdamW weight decay on matrices")
     g.add_argument("--grad_clip", type=non_negative_float, default=1.0, help="clip the gradient norm (0: off)")
-    g.add_argument("--seed", type=int, default=1337, help="seed of the initialisation, dropout and batch order")
+    g.add_argument("--seed", type=seed, default=1337, help="seed of the initialisation, dropout and batch order")
     g.add_argument("--stop_at", type=non_negative_int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
     s = p.add_argument_group("system")
     s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default out/<dataset>-<attn>-<init>)")
@@ -90,7 +90,7 @@ def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
         take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS,
-                         growable if args.resume else ())
+                         growable if args.resume else (), script=parser.prog)
     return args
 
 
@@ -121,16 +121,43 @@ def apply_preset(args, presets: dict, finetune: dict):
 
 
 def check_conversion_flags(args, parser):
-    if getattr(args, "keep_softmax_every", 0) and args.init != "pretrained":
-        parser.error("--keep_softmax_every picks which of the teacher's layers stay softmax: add --init pretrained")
-    if "keep_softmax_from" in args.explicit and not getattr(args, "keep_softmax_every", 0):
-        parser.error("--keep_softmax_from says where --keep_softmax_every starts counting: add --keep_softmax_every")
+    """The flags that only mean something together: refused up front where one would be ignored or could not
+    work (before a missing teacher is trained first)."""
+    if args.pretrained_given and args.init != "pretrained":
+        parser.error(f"--pretrained {args.pretrained} is the model --init pretrained converts: add --init pretrained")
     if args.transfer_steps and args.init != "pretrained":
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
+    if "transfer_lr" in args.explicit and not args.transfer_steps:
+        parser.error("--transfer_lr is the learning rate of the transfer stage: add --transfer_steps")
     if args.attn == "softmax" and (args.transfer_steps or args.window):
         parser.error(f"--{'transfer_steps' if args.transfer_steps else 'window'} needs linear attention: "
                      f"pass --attn t2r, elu or rfa, not softmax")
-    if args.transfer_steps and getattr(args, "freeze_feature_map", False):
+    if args.attn == "elu" and args.transfer_steps and not args.window:
+        parser.error("--transfer_steps with --attn elu would train nothing (elu's feature map has no weights): "
+                     "add --window (its gates train), or use --attn t2r or rfa")
+    for name in ("feature_size", "cross_feature_size"):
+        if args.attn == "rfa" and getattr(args, name, 0) % 2:
+            parser.error(f"--{name} {getattr(args, name)}: rfa's features are a sin and a cos per random "
+                         f"projection, so it must be even")
+    check_layer_flags(args, parser)
+
+
+def check_layer_flags(args, parser):
+    """--keep_softmax_every and --freeze_feature_map (a language model's conversion options)."""
+    keep, frozen = getattr(args, "keep_softmax_every", 0), getattr(args, "freeze_feature_map", False)
+    if keep and args.init != "pretrained":
+        parser.error("--keep_softmax_every picks which of the teacher's layers stay softmax: add --init pretrained")
+    if keep and args.attn == "softmax":
+        parser.error("--keep_softmax_every keeps some layers softmax and converts the others: add --attn t2r, elu "
+                     "or rfa")
+    if keep == 1:
+        parser.error("--keep_softmax_every 1 keeps every layer softmax, which is the teacher: use 2 or more")
+    if "keep_softmax_from" in args.explicit and not keep:
+        parser.error("--keep_softmax_from says where --keep_softmax_every starts counting: add --keep_softmax_every")
+    if frozen and args.attn in ("softmax", "elu"):
+        parser.error(f"--freeze_feature_map: {args.attn} attention has no feature-map weights to freeze: "
+                     f"use --attn t2r or rfa, or drop the flag")
+    if args.transfer_steps and frozen:
         parser.error("--transfer_steps trains only the feature maps, which --freeze_feature_map freezes: drop one")
 
 
@@ -190,7 +217,26 @@ def teacher_args(args, schedules: dict, overrides: dict):
     teacher.transfer_steps, teacher.window = 0, 0
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
     vars(teacher).update(overrides)
+    if teacher.resume:
+        check_unfinished_teacher(teacher)
     return teacher
+
+
+# The flags that shape the conversion, not the softmax teacher: a teacher trained first may differ in them
+CONVERSION_ONLY = {"feature_size", "cross_feature_size", "chunk_size", "window", "keep_softmax_every",
+                   "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr"}
+
+
+def check_unfinished_teacher(teacher):
+    """A teacher trained first and interrupted is finished with the flags it started with, or not at all: this
+    run's flags would make it another teacher (another schedule, another block size) under the same name."""
+    saved = read_results(os.path.join(teacher.out_dir, "args.json")) or {}
+    for name, value in saved.items():
+        if name not in INVOCATION_FLAGS | CONVERSION_ONLY and hasattr(teacher, name) and getattr(teacher, name) != value:
+            raise UserError(f"{teacher.out_dir} holds an unfinished softmax teacher trained with --{name} {value}, "
+                            f"this run's teacher would have {getattr(teacher, name)}: finish it first (python "
+                            f"{os.path.basename(sys.argv[0])} --resume --out_dir {teacher.out_dir}), or pass "
+                            f"--pretrained, or delete {teacher.out_dir}")
 
 
 def load_teacher(args, what: str) -> dict:

@@ -32,6 +32,7 @@ from runtime import atomic_write
 
 SPLITS = ("train", "valid", "test")
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+MIN_BPE_VOCAB = 256 + len(SPECIALS)  # the byte alphabet and the specials: a smaller vocabulary would be this size
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)  # the decoder starts from <s>; every sentence ends with </s>
 
 # LibreOffice help: the Debian packages and the language folders inside them

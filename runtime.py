@@ -80,6 +80,7 @@ non_negative_float = _number(float, "a finite number >= 0", lambda v: v >= 0)
 finite_float = _number(float, "a finite number", lambda v: True)
 fraction = _number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 unit_interval = _number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
+seed = _number(int, "a seed from 0 to 2**63 - 1", lambda v: 0 <= v < 2**63)  # what torch and numpy both take
 
 
 def increasing_ints(text: str) -> list:
@@ -123,7 +124,7 @@ def serializable(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
 
-def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = ()):
+def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), script: str = "this script"):
     """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
     now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
     (where to run it, when to stop) belong to this invocation alone; a flag in `growable` may be raised (a longer
@@ -138,6 +139,10 @@ def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = ()):
                             f"take the flags from {out_dir}/ckpt.pt") from None
     else:
         saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
+    foreign = [name for name in saved if not hasattr(args, name)]
+    if len(foreign) > 3:  # more than a few flags retired since: another trainer's run
+        raise UserError(f"{out_dir} is not a {script} run (it has --{foreign[0]}, which {script} does not): "
+                        f"continue it with the script that trained it")
     for name, value in saved.items():
         if name in invocation or not hasattr(args, name):
             continue

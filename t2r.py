@@ -142,8 +142,10 @@ class T2RFeatureMap(nn.Module):
         self.bias = nn.Parameter(torch.empty(n_head, feature_size).uniform_(-bound, bound))
 
     def phi(self, x):
+        # in x's precision: a recurrent step feeds float32 (the state's) to a model whose weights may be bf16
+        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)
         # Eq. 3b: phi(x) = relu(W_phi x + b_phi), the same MLP for the queries and keys of a head
-        return F.relu(torch.einsum("bhtd,hkd->bhtk", x, self.weight) + self.bias[:, None, :])
+        return F.relu(torch.einsum("bhtd,hkd->bhtk", x, weight) + bias[:, None, :])
 
     def forward(self, *xs):
         return tuple(self.phi(x) for x in xs)
@@ -179,8 +181,8 @@ class RFAFeatureMap(nn.Module):
         self.register_buffer("omega", torch.randn(n_head, self.n_random, d_head))  # (H, D, d)
 
     def phi(self, x, omega):
-        x = F.normalize(x, dim=-1, eps=EPS) / self.log_tau.exp()[:, None, None]
-        wx = torch.einsum("bhtd,hnd->bhtn", x, omega)
+        x = F.normalize(x, dim=-1, eps=EPS) / self.log_tau.to(x.dtype).exp()[:, None, None]
+        wx = torch.einsum("bhtd,hnd->bhtn", x, omega.to(x.dtype))  # in x's precision, as T2R's
         return torch.cat([wx.sin(), wx.cos()], dim=-1) / math.sqrt(self.n_random)  # (B, H, T, k)
 
     def forward(self, *xs):
@@ -858,7 +860,11 @@ def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softm
 
     def keep(i):  # i counts from the bottom; n_layer - i counts from the top, starting at 1
         return keep_softmax_every > 0 and (n_layer - i - first) % keep_softmax_every == 0 and n_layer - i >= first
-    return ["softmax" if keep(i) else attn for i in range(n_layer)]
+    kinds = ["softmax" if keep(i) else attn for i in range(n_layer)]
+    if keep_softmax_every and "softmax" not in kinds:
+        raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
+                         f"softmax (use at most {n_layer}, or keep_softmax_from top)")
+    return kinds
 
 
 def is_feature_map_parameter(name: str) -> bool:

@@ -204,10 +204,19 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     (["--only", "capacity", "--device", "cpu"], "found on a CUDA device"),
     (["--capacity_length", "0"], "--capacity_length must be at least 1"),
     (["--dtype", "float16"], "invalid choice: 'float16'"),
+    (["--threads", "-1"], "--threads: -1 is not an integer >= 0"),
+    (["--seed", str(2**64)], "is not a seed from 0 to 2**63 - 1"),
+    (["--only", "mt"], "--only mt decodes the translators of --mt_runs"),
+    (["--only", "gen", "--models", "t2r32-4"], "no model that --only gen measures"),
 ])
 def test_bad_input_is_a_one_line_error(run_here, argv, fragment, tmp_path):
     assert_one_line_error(run_here("bench.py", *argv, "--out_dir", tmp_path, cwd=tmp_path), fragment)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_an_out_dir_that_is_a_file_is_refused_before_any_work(run_here, tmp_path):
+    (tmp_path / "taken").write_text("")
+    assert_one_line_error(run_here("bench.py", "--quick", "--out_dir", "taken", cwd=tmp_path), "is a file")
 
 
 # -----------------------------------------------------------------------------

@@ -230,6 +230,12 @@ def test_convert_keep_softmax_every(start, kept):
     assert new_parameter_count(teacher, student) == 6 * 2 * 4 * (8 + 1)
 
 
+def test_keeping_every_nth_layer_past_the_top_is_refused():
+    with pytest.raises(ValueError, match="counts past the 2 layers: none stays softmax"):
+        t2r.converted_kinds(2, "t2r", keep_softmax_every=5)
+    assert t2r.converted_kinds(2, "t2r", keep_softmax_every=5, keep_softmax_from="top") == ["t2r", "softmax"]
+
+
 def test_convert_seq2seq_defaults_and_encoder_untouched():
     teacher = make(Seq2SeqTransformer, mt_config("softmax"))
     student = t2r.convert(teacher, "t2r")

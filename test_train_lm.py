@@ -169,6 +169,9 @@ def test_a_missing_dataset_is_a_one_line_error(tmp_path):
     (["--device", "foo"], "--device: 'foo' is no device"),
     (["--keep_softmax_every", "4"], "--keep_softmax_every picks which of the teacher's layers stay softmax"),
     (["--init", "pretrained", "--keep_softmax_from", "top"], "--keep_softmax_from says where --keep_softmax_every"),
+    (["--vocab_size", "500"], "add --tokenizer bpe"),
+    (["--tokenizer", "bpe", "--vocab_size", "10"], "at least 257 tokens"),
+    (["--seed", str(10**23)], "is not a seed from 0 to 2**63 - 1"),
 ])
 def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
     assert_flags_refused(train_lm.get_args, argv, message, capsys)
@@ -187,6 +190,34 @@ def test_cuda_on_a_machine_without_it_is_refused(capsys):
 ])
 def test_generate_flags_are_refused_before_any_work(capsys, argv, message):
     assert_flags_refused(generate.get_args, argv, message, capsys)
+
+
+def test_sampling_at_a_tiny_temperature_is_argmax():
+    logits = torch.randn(4, 50) * 30
+    picked = generate.sample(logits, 1e-40, 0, torch.Generator().manual_seed(0))  # 30 / 1e-40 overflows float32
+    assert torch.equal(picked, logits.argmax(-1))
+
+
+def test_a_tokenizer_whose_data_folder_is_elsewhere_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(runtime.UserError, match="its training data tiny is not here; run generate.py from the folder"):
+        generate.load_tokenizer({"args": {"dataset": "tiny"}})
+
+
+def test_an_unfinished_teacher_is_not_resumed_with_other_flags(run_here, tmp_path):
+    corpus = write_corpus(str(tmp_path / "tiny"))
+    run("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "10", "--stop_at", "1", cwd=tmp_path)
+    again = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--max_steps", "2",
+                     cwd=tmp_path)  # its teacher: another schedule
+    assert_one_line_error(again, "out/tiny-softmax-random holds an unfinished softmax teacher trained with --",
+                          "finish it first (python train_lm.py --resume --out_dir out/tiny-softmax-random)")
+    assert torch.load(tmp_path / "out/tiny-softmax-random/ckpt.pt", weights_only=True)["step"] == 1  # untouched
+
+
+def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
+    (tmp_path / "args.json").write_text(json.dumps({name: 1 for name in ("src", "tgt", "max_len", "max_tokens")}))
+    with pytest.raises(runtime.UserError, match="is not a train_lm.py run .* the script that trained it"):
+        train_lm.get_args(["--resume", "--out_dir", str(tmp_path)])
 
 
 @pytest.mark.parametrize("argv, message", [

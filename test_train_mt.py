@@ -380,6 +380,7 @@ def test_bad_runs_are_one_line_errors(run_here, tmp_path, argv, message):
     (["--max_len_a", "-1"], "--max_len_a: -1 is not a finite number >= 0"),
     (["--max_len_b", "0"], "--max_len_b: 0 is not a positive integer"),
     (["--label_smoothing", "1"], "--label_smoothing: 1 is not in [0, 1)"),
+    (["--vocab_size", "100"], "at least 260 tokens"),
 ])
 def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
     assert_flags_refused(train_mt_module.get_args, argv, message, capsys)

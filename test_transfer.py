@@ -168,8 +168,21 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     (train_lm.get_args, ["--init", "pretrained", "--transfer_steps", "5", "--freeze_feature_map"], "drop one"),
     (train_mt.get_args, ["--transfer_steps", "5"], "add --init pretrained"),
     (train_mt.get_args, ["--transfer_lr", "0"], "--transfer_lr"),
+    (train_lm.get_args, ["--pretrained", "teacher.pt"], "add --init pretrained"),
+    (train_lm.get_args, ["--init", "pretrained", "--transfer_lr", "0.1"], "add --transfer_steps"),
+    (train_lm.get_args, ["--init", "pretrained", "--attn", "elu", "--transfer_steps", "5"], "would train nothing"),
+    (train_lm.get_args, ["--init", "pretrained", "--attn", "rfa", "--feature_size", "7"], "must be even"),
+    (train_mt.get_args, ["--init", "pretrained", "--attn", "rfa", "--cross_feature_size", "7"], "must be even"),
+    (train_lm.get_args, ["--init", "pretrained", "--keep_softmax_every", "1"], "which is the teacher"),
+    (train_lm.get_args, ["--init", "pretrained", "--attn", "softmax", "--keep_softmax_every", "2"], "add --attn"),
+    (train_lm.get_args, ["--init", "pretrained", "--attn", "elu", "--freeze_feature_map"], "no feature-map weights"),
+    (train_lm.get_args, ["--init", "pretrained", "--adaptive_cutoffs", "20"], "keeps the teacher's"),
+    (train_lm.get_args, ["--init", "pretrained", "--window", "512"], "softmax throughout"),
+    (train_mt.get_args, ["--init", "pretrained", "--vocab_size", "500"], "keeps the teacher's tokenizer"),
 ], ids=["negative-window", "lm-random-init", "softmax-transfer", "softmax-window", "frozen", "mt-random-init",
-        "zero-lr"])
+        "zero-lr", "pretrained-without-init", "transfer-lr-alone", "elu-transfer", "rfa-odd", "rfa-odd-cross",
+        "keep-every-layer", "keep-in-softmax", "elu-frozen", "cutoffs-of-a-teacher", "window-covers-all",
+        "mt-vocab-of-a-teacher"])
 def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
     assert_flags_refused(get_args, argv, message, capsys)
 

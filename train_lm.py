@@ -94,7 +94,24 @@ def get_args(argv=None):
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=10, default_out_dir=default_out_dir)
     if not 0 < args.eval_score <= args.eval_context:
         p.error("--eval_score must be between 1 and --eval_context")
+    check_data_flags(args, p)
     return args
+
+
+def check_data_flags(args, parser):
+    """The flags that --tokenizer or --init pretrained would otherwise quietly ignore."""
+    if "vocab_size" in args.explicit and args.tokenizer == "word":
+        parser.error("--vocab_size sizes a BPE vocabulary (word level keeps every training word): add --tokenizer bpe")
+    if args.tokenizer == "bpe" and args.vocab_size < data.MIN_BPE_VOCAB:
+        parser.error(f"--vocab_size {args.vocab_size}: a byte-level BPE has at least {data.MIN_BPE_VOCAB} tokens "
+                     f"(256 bytes and <eos>)")
+    given = [name for name in ("adaptive_cutoffs", "adaptive_factor") if name in args.explicit]
+    if given and args.init == "pretrained":
+        parser.error(f"--{given[0]} shapes a new model's embeddings; --init pretrained keeps the teacher's: drop it")
+    if args.window and args.window >= max(args.block_size, args.eval_context):
+        parser.error(f"--window {args.window} covers every training and evaluation context (--block_size "
+                     f"{args.block_size}, --eval_context {args.eval_context}): that model is softmax throughout; "
+                     f"use a smaller window")
 
 
 def check_arch_flags(args, parser):
@@ -279,8 +296,11 @@ def new_model(args, lm):
     if teacher_tokenizer not in (None, data_identity(lm)["tokenizer"]):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
                         f"since, or it is another corpus of the same size): pretrain on this --dataset")
-    return student_of(model_from_checkpoint(checkpoint, args.pretrained), args,
-                      keep_softmax_every=args.keep_softmax_every, keep_softmax_from=args.keep_softmax_from)
+    try:
+        return student_of(model_from_checkpoint(checkpoint, args.pretrained), args,
+                          keep_softmax_every=args.keep_softmax_every, keep_softmax_from=args.keep_softmax_from)
+    except ValueError as error:  # a conversion that cannot be, e.g. --keep_softmax_every past the teacher's layers
+        raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
 
 
 def data_identity(lm) -> dict:

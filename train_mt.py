@@ -75,6 +75,11 @@ def get_args(argv=None):
     resolve_run_flags(args, p, SCHEDULES, warmup_divisor=8, default_out_dir=default_out_dir)
     if args.max_tokens < args.max_len + 1:
         p.error(f"--max_tokens {args.max_tokens} cannot hold one sentence of --max_len {args.max_len}")
+    if args.vocab_size < mt_data.MIN_BPE_VOCAB:
+        p.error(f"--vocab_size {args.vocab_size}: a byte-level BPE has at least {mt_data.MIN_BPE_VOCAB} tokens "
+                f"(256 bytes and {len(mt_data.SPECIALS)} specials)")
+    if "vocab_size" in args.explicit and args.init == "pretrained":
+        p.error("--vocab_size sizes a new BPE; --init pretrained keeps the teacher's tokenizer: drop it")
     return args
 
 

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from generate import load_tokenizer  # noqa: E402
 from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,  # noqa: E402
-                     positive_int, run_main, write_csv)
+                     positive_int, run_main, seed, write_csv)
 
 COLUMNS = ["model", "distance", "span", "samples", "repeat_accuracy", "first_accuracy"]
 
@@ -70,7 +70,7 @@ def main(argv=None):
     p.add_argument("--span", type=positive_int, default=16, help="tokens in the span (at least 2)")
     p.add_argument("--samples", type=positive_int, default=64, help="places in the validation text (for every model)")
     p.add_argument("--batch_size", type=positive_int, default=8, help="probes per forward pass")
-    p.add_argument("--seed", type=int, default=0, help="which places")
+    p.add_argument("--seed", type=seed, default=0, help="which places")
     p.add_argument("--out", default="out/recall.csv", help="the CSV written (one row per model and distance)")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda")
     args = p.parse_args(argv)

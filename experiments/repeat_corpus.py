@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from data import load_corpus  # noqa: E402
-from runtime import Parser, atomic_write, positive_int, run_main  # noqa: E402
+from runtime import Parser, atomic_write, positive_int, run_main, seed  # noqa: E402
 
 REPEATS_DIR = os.path.join(ROOT, "data", "ptb-repeats")
 EVERY, BACK, WORDS = 1, 2, 32  # the study's corpus: a span after every line, repeated within 2, of 16 to 48 words
@@ -79,7 +79,7 @@ def main(argv=None):
     p.add_argument("--every", type=positive_int, default=EVERY, help="a random span after every N-th training line")
     p.add_argument("--back", type=positive_int, default=BACK, help="its copy comes after 0 to N - 1 lines of text")
     p.add_argument("--words", type=positive_int, default=WORDS, help="a span has N / 2 to 3 N / 2 random words")
-    p.add_argument("--seed", type=int, default=0, help="the spans' words and the copies' places")
+    p.add_argument("--seed", type=seed, default=0, help="the spans' words and the copies' places")
     args = p.parse_args(argv)
     write_corpus(args.out, args.every, args.back, args.words, args.seed)
 
