@@ -3,6 +3,7 @@
 
 import os
 import platform
+import time
 
 import torch
 
@@ -182,7 +183,8 @@ def machine_line(device) -> str:
 def markdown(rows, args, command, seconds, models) -> str:
     """bench.md: the run, the ratios, the tables, the models, how it measures."""
     big, cpu = max(args.batch_sizes), args.device.type == "cpu"
-    lines = ["# bench.py results", "", f"`{command}` on {machine_line(args.device)}; {seconds / 60:.1f} min.",
+    lines = ["# bench.py results", "",
+             f"`{command}` on {machine_line(args.device)}, {time.strftime('%Y-%m-%d')}; {seconds / 60:.1f} min.",
              "Sizes in MiB; latency at position = length; tokens/s for generating `length` tokens from an empty "
              "state (s2s: source length = target length, encoding included). The models and how each number is "
              "measured: at the end.", "",
