@@ -392,7 +392,7 @@ def read_json(path: str):
 
 
 # -----------------------------------------------------------------------------
-# What conversion loses: the recall rows again, trained on PTB with repeated spans, where the teacher learns to copy
+# What conversion loses: the recall rows again, trained on PTB with repeated spans, meant to teach the teacher to copy
 
 def copy_runs(out: str, size: dict) -> list:
     """The recall rows (experiments/probes.py) trained on experiments/repeat_corpus.py's text: the same sizes and
