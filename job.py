@@ -258,7 +258,9 @@ def load_teacher(args, what: str) -> dict:
     return checkpoint
 
 
-def check_teacher(checkpoint: dict, args, model_flags: tuple):
+def check_teacher(checkpoint: dict, args, model_flags: tuple, given_flags: tuple = ()):
+    """The teacher is softmax, and every size flag given (and each of `given_flags` given on the command line)
+    is the teacher's: a converted model keeps the teacher's shapes, so a different value would be ignored."""
     config = checkpoint["config"]
     kinds = set(Config(**config).layer_kinds()) | ({config["cross_attn"]} if config.get("n_encoder_layer") else set())
     if kinds != {"softmax"}:
@@ -269,6 +271,10 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple):
             source = "" if name in args.explicit else f" (set by --preset {args.preset})"
             raise UserError(f"--{name} {getattr(args, name)}{source} differs from the pretrained model's "
                             f"{config[name]}: drop the flag (the teacher's sizes are used)")
+    for name in given_flags:
+        if name in args.explicit and getattr(args, name) != config[name]:
+            raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
+                            f"drop the flag (the teacher's are used)")
 
 
 def student_of(teacher, args, **convert_options):

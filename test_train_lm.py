@@ -198,6 +198,13 @@ def test_sampling_at_a_tiny_temperature_is_argmax():
     assert torch.equal(picked, logits.argmax(-1))
 
 
+def test_a_teachers_adaptive_cutoffs_are_not_overridden(run_here, trained, tmp_path):
+    tmp, corpus = trained
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained",
+                      "out/tiny-softmax-random/model.pt", "--adaptive_cutoffs", "20", "--out_dir", tmp_path, cwd=tmp)
+    assert_one_line_error(result, "--adaptive_cutoffs [20] differs from the pretrained model's []")
+
+
 def test_a_tokenizer_whose_data_folder_is_elsewhere_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(runtime.UserError, match="its training data tiny is not here; run generate.py from the folder"):

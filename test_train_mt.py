@@ -321,6 +321,7 @@ def teacher_flags(tmp, corpus, out_dir, pretrained="out/mt-toy-en-de-softmax-ran
     (["--src", "de", "--tgt", "en"], "translates en-de"),
     (["--d_model", "64"], "--d_model 64 differs"),
     (["--post_norm"], "is a pre-norm translator"),
+    (["--vocab_size", "400"], "tokenizer was trained with --vocab_size 300 and the student keeps it"),
 ])
 def test_a_teacher_of_another_shape_is_refused(run_here, trained_translator, tmp_path, extra, message):
     tmp, corpus, _ = trained_translator

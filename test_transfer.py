@@ -176,13 +176,10 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     (train_lm.get_args, ["--init", "pretrained", "--keep_softmax_every", "1"], "which is the teacher"),
     (train_lm.get_args, ["--init", "pretrained", "--attn", "softmax", "--keep_softmax_every", "2"], "add --attn"),
     (train_lm.get_args, ["--init", "pretrained", "--attn", "elu", "--freeze_feature_map"], "no feature-map weights"),
-    (train_lm.get_args, ["--init", "pretrained", "--adaptive_cutoffs", "20"], "keeps the teacher's"),
     (train_lm.get_args, ["--init", "pretrained", "--window", "512"], "softmax throughout"),
-    (train_mt.get_args, ["--init", "pretrained", "--vocab_size", "500"], "keeps the teacher's tokenizer"),
 ], ids=["negative-window", "lm-random-init", "softmax-transfer", "softmax-window", "frozen", "mt-random-init",
         "zero-lr", "pretrained-without-init", "transfer-lr-alone", "elu-transfer", "rfa-odd", "rfa-odd-cross",
-        "keep-every-layer", "keep-in-softmax", "elu-frozen", "cutoffs-of-a-teacher", "window-covers-all",
-        "mt-vocab-of-a-teacher"])
+        "keep-every-layer", "keep-in-softmax", "elu-frozen", "window-covers-all"])
 def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
     assert_flags_refused(get_args, argv, message, capsys)
 

@@ -99,15 +99,12 @@ def get_args(argv=None):
 
 
 def check_data_flags(args, parser):
-    """The flags that --tokenizer or --init pretrained would otherwise quietly ignore."""
+    """The flags that --tokenizer or --window would otherwise quietly ignore."""
     if "vocab_size" in args.explicit and args.tokenizer == "word":
         parser.error("--vocab_size sizes a BPE vocabulary (word level keeps every training word): add --tokenizer bpe")
     if args.tokenizer == "bpe" and args.vocab_size < data.MIN_BPE_VOCAB:
         parser.error(f"--vocab_size {args.vocab_size}: a byte-level BPE has at least {data.MIN_BPE_VOCAB} tokens "
                      f"(256 bytes and <eos>)")
-    given = [name for name in ("adaptive_cutoffs", "adaptive_factor") if name in args.explicit]
-    if given and args.init == "pretrained":
-        parser.error(f"--{given[0]} shapes a new model's embeddings; --init pretrained keeps the teacher's: drop it")
     if args.window and args.window >= max(args.block_size, args.eval_context):
         parser.error(f"--window {args.window} covers every training and evaluation context (--block_size "
                      f"{args.block_size}, --eval_context {args.eval_context}): that model is softmax throughout; "
@@ -291,7 +288,7 @@ def new_model(args, lm):
     if checkpoint["config"]["vocab_size"] != lm.vocab_size:
         raise UserError(f"{args.pretrained} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
                         f"{lm.vocab_size}: pretrain on the same --dataset and --tokenizer, or pass the matching --pretrained")
-    check_teacher(checkpoint, args, MODEL_FLAGS)
+    check_teacher(checkpoint, args, MODEL_FLAGS, given_flags=("adaptive_cutoffs", "adaptive_factor"))
     teacher_tokenizer = checkpoint.get("identity", {}).get("tokenizer")
     if teacher_tokenizer not in (None, data_identity(lm)["tokenizer"]):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "

@@ -78,8 +78,6 @@ def get_args(argv=None):
     if args.vocab_size < mt_data.MIN_BPE_VOCAB:
         p.error(f"--vocab_size {args.vocab_size}: a byte-level BPE has at least {mt_data.MIN_BPE_VOCAB} tokens "
                 f"(256 bytes and {len(mt_data.SPECIALS)} specials)")
-    if "vocab_size" in args.explicit and args.init == "pretrained":
-        p.error("--vocab_size sizes a new BPE; --init pretrained keeps the teacher's tokenizer: drop it")
     return args
 
 
@@ -209,6 +207,9 @@ def load_translator_teacher(args):
         raise UserError(f"{args.pretrained} is a pre-norm translator and the student keeps its layers: drop "
                         f"--post_norm{' (set by --preset)' if args.preset else ''}")
     saved = checkpoint.get("args", {})
+    if "vocab_size" in args.explicit and saved.get("vocab_size", args.vocab_size) != args.vocab_size:
+        raise UserError(f"--vocab_size {args.vocab_size}: {args.pretrained}'s tokenizer was trained with --vocab_size "
+                        f"{saved['vocab_size']} and the student keeps it: drop the flag")
     if (saved.get("src"), saved.get("tgt")) not in ((args.src, args.tgt), (None, None)):
         raise UserError(f"{args.pretrained} translates {saved['src']}-{saved['tgt']}, not {args.src}-{args.tgt}: "
                         f"pass --src {saved['src']} --tgt {saved['tgt']} or another --pretrained")
