@@ -39,6 +39,7 @@ from t2r import Config, state_bytes
 from translate import decode_speed, load_run, measure_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
 
+CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
 SECTIONS = ("gen", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: with --mt_runs; capacity: CUDA
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
@@ -142,7 +143,7 @@ def check_selection(args, parser, named_sections: list):
     """Refuse a run that would measure nothing, or could not write what it measured, before it starts."""
     if "mt" in named_sections and not args.mt_runs:
         parser.error("--only mt decodes the translators of --mt_runs: pass --mt_runs RUN[,RUN...]")
-    filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "s2s": list(S2S_MODELS), "capacity": ["softmax_kv", "t2r32"]}
+    filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "s2s": list(S2S_MODELS), "capacity": list(CAPACITY_MODELS)}
     sections = [s for s in filtered if s in args.only]
     if args.models and sections and not any(set(args.models) & set(filtered[s]) for s in sections):
         parser.error(f"--models {','.join(args.models)}: no model that --only {','.join(sections)} measures "
@@ -262,7 +263,7 @@ def bench_capacity(args, rows):
     """The largest batch whose state fits in the GPU's memory at --capacity_length tokens, and its tokens/s there:
     the KV cache's memory against the constant state's."""
     L = args.capacity_length
-    for name in [n for n in ("softmax_kv", "t2r32") if not args.models or n in args.models]:
+    for name in [n for n in CAPACITY_MODELS if not args.models or n in args.models]:
         model, _ = build_lm(name, args)
         batch = largest_batch(model, L, args.device)
         tokens_per_s = batch * steps_per_s(model, batch, L, args.device) if batch else 0.0

@@ -110,7 +110,7 @@ def load_tokenizer(checkpoint):
         raise UserError(f"cannot rebuild the checkpoint's tokenizer: its training data {folder} is not here; run "
                         f"generate.py from the folder it was trained in (a relative path is read from there)")
     try:
-        return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
+        return data.prepare(dataset, saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
                             vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
                             cache_dir=saved.get("cache_dir", "data/cache"))
     except data.DataError as error:

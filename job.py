@@ -232,7 +232,9 @@ def check_unfinished_teacher(teacher):
     run's flags would make it another teacher (another schedule, another block size) under the same name."""
     saved = read_results(os.path.join(teacher.out_dir, "args.json")) or {}
     for name, value in saved.items():
-        if name not in INVOCATION_FLAGS | CONVERSION_ONLY and hasattr(teacher, name) and getattr(teacher, name) != value:
+        if name in INVOCATION_FLAGS | CONVERSION_ONLY or not hasattr(teacher, name):
+            continue
+        if getattr(teacher, name) != value:
             raise UserError(f"{teacher.out_dir} holds an unfinished softmax teacher trained with --{name} {value}, "
                             f"this run's teacher would have {getattr(teacher, name)}: finish it first (python "
                             f"{os.path.basename(sys.argv[0])} --resume --out_dir {teacher.out_dir}), or pass "
@@ -266,15 +268,12 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple, given_flags: tuple
     if kinds != {"softmax"}:
         raise UserError(f"{args.pretrained} is already converted (attention {sorted(kinds)}): "
                         f"--init pretrained needs a softmax model")
-    for name in model_flags:
-        if getattr(args, name) is not None and getattr(args, name) != config[name]:
+    for name in model_flags + given_flags:
+        unset = name not in args.explicit if name in given_flags else getattr(args, name) is None  # a default
+        if not unset and getattr(args, name) != config[name]:
             source = "" if name in args.explicit else f" (set by --preset {args.preset})"
             raise UserError(f"--{name} {getattr(args, name)}{source} differs from the pretrained model's "
                             f"{config[name]}: drop the flag (the teacher's sizes are used)")
-    for name in given_flags:
-        if name in args.explicit and getattr(args, name) != config[name]:
-            raise UserError(f"--{name} {getattr(args, name)} differs from the pretrained model's {config[name]}: "
-                            f"drop the flag (the teacher's are used)")
 
 
 def student_of(teacher, args, **convert_options):

@@ -113,7 +113,7 @@ def test_a_finished_run_the_plan_has_changed_since_is_refused(tmp_path, kept_in)
         study.execute(plan, dry_run=False, jobs=1, records=records)
 
 
-def test_study_output_into_a_closed_pipe_stops_without_a_traceback():
+def test_output_into_a_closed_pipe_stops_without_a_traceback():
     printer = subprocess.Popen([sys.executable, "-c", "from runtime import run_main\n"
                                 "run_main(lambda: [print(i, flush=True) for i in range(10**6)])"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

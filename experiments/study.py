@@ -12,9 +12,9 @@ while they are there. A finished run's results are kept in results/runs/ (experi
 continued on a new machine, whose out/ is empty, trains only what is missing. A run with a results.json is
 skipped (refused where its args.json differs from the plan's flags), a run with a ckpt.pt but no results.json is
 resumed, so an interrupted study (Ctrl-C, or `kill -INT` of this script: each run saves first) continues where it
-stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then experiments/gather.py collects each run's results
-into results/*.csv and results/machine.json, and experiments/report.py turns those files alone into the tables,
-plots and claims of results/README.md.
+stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then
+experiments/gather.py collects each run's results into results/*.csv and results/machine.json, and
+experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
 
 The sizes: about 15 hours on a 2-core CPU, two runs at a time (1,860 CPU-minutes: a 2400-step language model takes
 about 77 minutes at 2,100 tokens/s, a finetuning a fifth of that, a 4800-step translator about 95): it is meant
