@@ -16,14 +16,11 @@ import torch.nn.functional as F
 import job
 import train_lm
 from conftest import ROOT, run, write_corpus
-from data import load_corpus
 from runtime import UserError
 
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 import gather  # noqa: E402
-import probes  # noqa: E402
 import recall  # noqa: E402
-import repeat_corpus  # noqa: E402
 import report  # noqa: E402
 import study  # noqa: E402
 
@@ -90,54 +87,15 @@ def test_the_report_says_whether_the_teacher_copies(teacher_repeat, reading):
     assert reading in text
 
 
-def test_every_fourth_line_is_followed_by_a_random_span_that_comes_again_within_three_lines():
-    lines = [f"line{i} text" for i in range(40)]
-    out = repeat_corpus.with_random_spans(lines, every=4, back=3, words=4, seed=1)
-    text = set(lines)
-    assert [line for line in out if line in text] == lines and len(out) == 40 + 2 * 10
-    for i in range(3, 40, 4):
-        j = out.index(lines[i])
-        span = out[j + 1].split()
-        assert 2 <= len(span) <= 6 and set(span) <= {w for line in lines for w in line.split()}
-        copy = out.index(out[j + 1], j + 2)
-        assert sum(line in text for line in out[j + 2: copy]) <= 2  # 0 to back - 1 lines of text between
-
-
-def test_the_repeat_corpus_keeps_ptbs_validation_and_test_text(tmp_path):
-    repeat_corpus.main(["--out", str(tmp_path)])
-    ptb = load_corpus("ptb")
-    assert all((tmp_path / f"{split}.txt").read_text() == ptb[split] for split in ("valid", "test"))
-    train = (tmp_path / "train.txt").read_text().splitlines()
-    assert len(train) == len(ptb["train"].splitlines()) * (repeat_corpus.EVERY + 2) // repeat_corpus.EVERY
-
-
-def test_the_copy_plan_is_the_recall_rows_trained_on_the_repeat_corpus(tmp_path):
-    plan = study.copy_runs(str(tmp_path), study.LM_SIZES["full"])
-    assert [(r.row["model"], r.row["init"]) for r in plan] == list(probes.RECALL_ROWS)
-    assert all(r.flags["dataset"] == repeat_corpus.REPEATS_DIR and r.out_dir.startswith(str(tmp_path / "copy" / "lm"))
-               for r in plan)
-    assert plan[1].flags["pretrained"] == os.path.join(plan[0].out_dir, "ckpt.pt")  # its own teacher
-
-
-def test_the_recall_table_names_each_models_training_text(tmp_path):
-    lm_plan = study.lm_runs(str(tmp_path), study.LM_SIZES["quick"])
-    copy_plan = study.copy_runs(str(tmp_path), study.LM_SIZES["quick"])
-    for plan, accuracy in ((lm_plan, 0.2), (copy_plan, 0.9)):  # each run's probe writes its own file
-        os.makedirs(plan[0].out_dir)
-        for name, text in (("results.json", "{}"), ("recall.csv", "model,distance,span,samples,repeat_accuracy,"
-                                                    f"first_accuracy\nsoftmax,8,16,64,{accuracy},0.2\n")):
-            with open(os.path.join(plan[0].out_dir, name), "w") as f:
-                f.write(text)
-    rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(lm_plan, copy_plan)]
+def test_the_recall_table_reads_the_probe_each_recall_run_wrote(tmp_path):
+    plan = study.lm_runs(str(tmp_path), study.LM_SIZES["quick"])
+    teacher = plan[0]
+    os.makedirs(teacher.out_dir)
+    for name, text in (("results.json", "{}"), ("recall.csv", "model,distance,span,samples,repeat_accuracy,"
+                                                "first_accuracy\nsoftmax,8,16,64,0.9,0.2\n")):
+        with open(os.path.join(teacher.out_dir, name), "w") as f:
+            f.write(text)
+    rows = [{k: report.cell(v) for k, v in row.items()} for row in gather.recall_rows(plan)]
     text = "\n".join(report.recall_section({"recall": rows}, lambda *names: []))
     print(text)
-    assert "| softmax | 0.20 (0.20) |" in text and "| softmax (trained with repeated spans) | 0.90 (0.20) |" in text
-    assert "**The softmax teacher does not copy**" in text
-    assert "The softmax teacher (trained with repeated spans) copies" in text
-
-
-@pytest.mark.parametrize("every, back, words, text", [
-    (2, 8, 16, "a line of 8 to 24 random words after every 2 training lines, repeated 0 to 7 lines of text after it"),
-    (1, 1, 32, "a line of 16 to 48 random words after every training line, repeated right after it")])
-def test_the_report_describes_the_corpus_from_its_flags(every, back, words, text):
-    assert repeat_corpus.layout(every, back, words) == text
+    assert "| softmax | 0.90 (0.20) |" in text and "The softmax teacher copies" in text

@@ -47,11 +47,6 @@ def group(rows: list, **match) -> list:
     return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
 
 
-def recall_label(row: dict) -> str:
-    """A recall row's model, named with its training text where that is not PTB as it is."""
-    return row["model"] + (" (trained with repeated spans)" if row.get("trained_on") == "ptb+repeats" else "")
-
-
 def mean_of(rows: list, column: str):
     values = [r[column] for r in rows if r.get(column) is not None]
     return sum(values) / len(values) if values else None

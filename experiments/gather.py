@@ -134,16 +134,14 @@ def provenance(runs: list, lm_plan: list, quick: bool) -> dict:
                                       for r in [lm_plan[0]] + [r for _, _, r in attention_checkpoints(lm_plan)])}
 
 
-def recall_rows(lm_plan: list, copy_plan: list) -> list:
-    """recall.py's rows, as each recall run's probe wrote them, of the models trained on PTB and of those trained
-    with repeated spans (study.copy_runs), a trained_on column first."""
+def recall_rows(lm_plan: list) -> list:
+    """recall.py's rows, as each recall run's probe wrote them."""
     rows = []
-    for trained_on, plan in (("ptb", lm_plan), ("ptb+repeats", copy_plan)):
-        for run in recall_runs(plan):
-            path = os.path.join(run.out_dir, "recall.csv")
-            if state(run) == "done" and os.path.isfile(path):
-                with open(path, newline="") as f:
-                    rows += [{"trained_on": trained_on, **row} for row in csv.DictReader(f)]
+    for run in recall_runs(lm_plan):
+        path = os.path.join(run.out_dir, "recall.csv")
+        if state(run) == "done" and os.path.isfile(path):
+            with open(path, newline="") as f:
+                rows += list(csv.DictReader(f))
     return rows
 
 
@@ -219,9 +217,8 @@ def read_hypotheses(path: str, references: list) -> list:
     return lines
 
 
-def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_plan: tuple = ()):
-    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads. The
-    copy plan's runs (trained with repeated spans) count in machine.json; the recall table reads their probe."""
+def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
+    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
@@ -230,10 +227,10 @@ def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, copy_pla
                                 ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
-    recall = recall_rows(lm_plan, copy_plan)
+    recall = recall_rows(lm_plan)
     if recall:
         write_csv(os.path.join(results_dir, "recall.csv"), recall, list(recall[0]))
-    write_json(os.path.join(results_dir, "machine.json"), provenance([*lm_plan, *mt_plan, *copy_plan], lm_plan, quick))
+    write_json(os.path.join(results_dir, "machine.json"), provenance(lm_plan + mt_plan, lm_plan, quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
           f"curves.csv, recall.csv and machine.json")
 

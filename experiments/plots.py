@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from claims import group, model_name, recall_label  # noqa: E402
+from claims import group, model_name  # noqa: E402
 from runtime import atomic_write  # noqa: E402
 
 
@@ -121,8 +121,8 @@ def plot_recall(recall: list, footer: str, path: str):
     same model on the first reading (what it guesses with nothing to recall)."""
     plt, fig, (ax,) = new_figure(1, 6)
     distances = sorted({r["distance"] for r in recall})
-    for i, model in enumerate(dict.fromkeys(recall_label(r) for r in recall)):
-        rows = sorted((r for r in recall if recall_label(r) == model), key=lambda r: r["distance"])
+    for i, model in enumerate(dict.fromkeys(r["model"] for r in recall)):
+        rows = sorted(group(recall, model=model), key=lambda r: r["distance"])
         color = f"C{i}"
         ax.plot([r["distance"] for r in rows], [r["repeat_accuracy"] for r in rows], marker="o", color=color,
                 label=model)

@@ -66,15 +66,14 @@ def speed_probe(run) -> tuple:
     return "speed.json", [os.path.abspath(__file__), "speed", run.out_dir]
 
 
-def add_probes(lm_plan: list, mt_plan: list, copy_plan: list, quick: bool):
+def add_probes(lm_plan: list, mt_plan: list, quick: bool):
     """Give every run of the plans its probes (run.probes: [(file, argv)]): the attention analysis of the LM
-    teacher and its T2R models, the recall probe of the recall rows (on PTB and with repeated spans), the
-    translators' speed."""
+    teacher and its T2R models, the recall probe of the recall rows, the translators' speed."""
     teacher = lm_plan[0]
     stages = {id(r): stage for stage, _, r in attention_checkpoints(lm_plan)}
     for run in [teacher] + [r for _, _, r in attention_checkpoints(lm_plan)]:
         run.probes.append(attention_probe(run, teacher, stages.get(id(run)), quick))
-    for run in recall_runs(lm_plan) + recall_runs(copy_plan):
+    for run in recall_runs(lm_plan):
         run.probes.append(recall_probe(run, quick))
     for run in mt_plan:
         run.probes.append(speed_probe(run))

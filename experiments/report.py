@@ -25,8 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,  # noqa: E402
-                    half_range, model_name, recall_label)
-from repeat_corpus import layout  # noqa: E402
+                    half_range, model_name)
 from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
 from runtime import UserError, atomic_write, run_main  # noqa: E402
 
@@ -217,17 +216,13 @@ def recall_section(results: dict, figure) -> list:
              f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
              "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
              "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
-             "loss there is not forgetting alone." + (" Rows marked *trained with repeated spans* are the same models "
-             f"trained on PTB with {layout()} (experiments/repeat_corpus.py), where only copying predicts the repeat; "
-             "every row is probed on PTB's own validation text."
-             if any(r.get("trained_on") == "ptb+repeats" for r in recall) else ""), "",
+             "loss there is not forgetting alone.", "",
              "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
-    for label in dict.fromkeys(recall_label(r) for r in recall):
+    for model in dict.fromkeys(r["model"] for r in recall):
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
-                 for r in recall if recall_label(r) == label}
-        lines.append(f"| {label} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
-    notes = [line for corpus in dict.fromkeys(r.get("trained_on") for r in recall)
-             for line in teacher_recall([r for r in recall if r.get("trained_on") == corpus])]
+                 for r in group(recall, model=model)}
+        lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
+    notes = teacher_recall(recall)
     return lines + ["", *notes, *figure("recall.png", "What the state forgets", "recall.csv")]
 
 
@@ -242,12 +237,14 @@ def teacher_recall(recall: list) -> list:
     error = math.sqrt((max(p * (1 - p), 1e-4) + max(q * (1 - q), 1e-4)) / n)  # of the difference q - p
     measured = (f"{q:.2f} on the repeat against {p:.2f} on the first reading at D = {r['distance']} (the "
                 f"difference's standard error: {error:.3f})")
-    teacher = recall_label(r).replace("softmax", "The softmax teacher")
     if q - p > 2 * error:
-        return [f"{teacher} copies: {measured}.", ""]
-    return [f"**{teacher} does not copy**: {measured}. With no recall to lose, the rows of the models trained "
-            "like it say nothing of what a fixed-size state forgets: a teacher that copies is needed to measure it.",
-            ""]
+        return [f"The softmax teacher copies: {measured}.", ""]
+    return [f"**The softmax teacher does not copy**: {measured}. With no recall to lose, the rows of the models "
+            "trained like it say nothing of what a fixed-size state forgets: a teacher that copies is needed to "
+            "measure it. Three corpora meant to teach copying, PTB with a recent line or a line of random words "
+            "repeated a few lines later (experiments/repeat_corpus.py up to commit 644bb4a; results/runs/copy there "
+            "keeps the last teacher's record), did not teach the study's teacher to copy either, so the study leaves "
+            "them out.", ""]
 
 
 def claims_table(claims: list) -> list:
@@ -283,9 +280,8 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("recall.csv", "model and distance", "`trained_on` (ptb, or ptb+repeats: PTB with repeated spans), `model`, "
-     "`distance` (tokens between a span and its repeat), `span`, `samples`, `repeat_accuracy`, `first_accuracy` "
-     "(top-1, over the span's tokens 2..span)"),
+    ("recall.csv", "model and distance", "`model`, `distance` (tokens between a span and its repeat), `span`, "
+     "`samples`, `repeat_accuracy`, `first_accuracy` (top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),

@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from t2r import Config, feature_sizes  # noqa: E402
 from runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json  # noqa: E402
-from probes import FEATURE_SIZES, MAIN_K, add_probes, recall_runs  # noqa: E402
+from probes import FEATURE_SIZES, MAIN_K, add_probes  # noqa: E402
 from records import Records, machine, weights_of  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -392,22 +392,12 @@ def read_json(path: str):
 
 
 # -----------------------------------------------------------------------------
-# What conversion loses: the recall rows again, trained on PTB with repeated spans, meant to teach the teacher to copy
-
-def copy_runs(out: str, size: dict) -> list:
-    """The recall rows (experiments/probes.py) trained on experiments/repeat_corpus.py's text: the same sizes and
-    budgets, under out/copy."""
-    from repeat_corpus import REPEATS_DIR
-    return recall_runs(lm_runs(os.path.join(out, "copy"), {**size, "train": {**size["train"], "dataset": REPEATS_DIR}}))
-
-
-# -----------------------------------------------------------------------------
 
 def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
-    p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "copy", "results"],
-                   help="one part of the study, its runs and their probes (all: every part; copy: the recall rows "
-                   "trained on PTB with repeated spans; results: the CSVs and the report)")
+    p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "results"],
+                   help="one part of the study, its runs and their probes (all: both parts; results: the CSVs and "
+                   "the report)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -422,19 +412,15 @@ def main(argv=None):
                                                    os.path.join(ROOT, "results")))
     size = "quick" if args.quick else "full"
     lm_plan, mt_plan = lm_runs(out, LM_SIZES[size]), mt_runs(out, MT_SIZES[size])
-    copy_plan = copy_runs(out, LM_SIZES[size])
-    add_probes(lm_plan, mt_plan, copy_plan, args.quick)
+    add_probes(lm_plan, mt_plan, args.quick)
     records = Records(out, os.path.join(results_dir, "runs"))  # what a new machine continues from
     t0 = time.time()
-    plans = {"all": lm_plan + mt_plan + copy_plan, "lm": lm_plan, "mt": mt_plan, "copy": copy_plan}
+    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan}
     if args.stage in plans:
-        if copy_plan[0] in plans[args.stage] and not args.dry_run:
-            from repeat_corpus import write_corpus
-            write_corpus(copy_plan[0].flags["dataset"])  # the same files every time: cheap, and never stale
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
         from gather import gather
-        gather(results_dir, lm_plan, mt_plan, args.quick, copy_plan)
+        gather(results_dir, lm_plan, mt_plan, args.quick)
         import report
         report.write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
