@@ -222,8 +222,7 @@ def recall_section(results: dict, figure) -> list:
         cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
                  for r in group(recall, model=model)}
         lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
-    notes = teacher_recall(recall)
-    return lines + ["", *notes, *figure("recall.png", "What the state forgets", "recall.csv")]
+    return lines + ["", *teacher_recall(recall), *figure("recall.png", "What the state forgets", "recall.csv")]
 
 
 def teacher_recall(recall: list) -> list:
