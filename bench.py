@@ -146,8 +146,8 @@ def check_selection(args, parser, named_sections: list):
     filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "s2s": list(S2S_MODELS), "capacity": list(CAPACITY_MODELS)}
     sections = [s for s in filtered if s in args.only]
     if args.models and sections and not any(set(args.models) & set(filtered[s]) for s in sections):
-        parser.error(f"--models {','.join(args.models)}: no model that --only {','.join(sections)} measures "
-                     f"(gen: {', '.join(filtered['gen'])}; s2s: {', '.join(filtered['s2s'])})")
+        parser.error(f"--models {','.join(args.models)}: no model that --only {','.join(sections)} measures ("
+                     + "; ".join(f"{s}: {', '.join(filtered[s])}" for s in sections) + ")")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         parser.error(f"--out_dir {args.out_dir} is a file: pass a folder")
 

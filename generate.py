@@ -15,7 +15,6 @@ T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and
 attention layers.
 """
 
-import os
 import time
 
 import torch
@@ -104,17 +103,13 @@ def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep_logi
 
 def load_tokenizer(checkpoint):
     saved = checkpoint.get("args", {})
-    dataset = saved.get("dataset", "ptb")
-    folder = saved.get("data_dir") or dataset
-    if dataset not in ("ptb", "wikitext103") and not os.path.isdir(folder):
-        raise UserError(f"cannot rebuild the checkpoint's tokenizer: its training data {folder} is not here; run "
-                        f"generate.py from the folder it was trained in (a relative path is read from there)")
     try:
-        return data.prepare(dataset, saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
+        return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
                             vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
                             cache_dir=saved.get("cache_dir", "data/cache"))
     except data.DataError as error:
-        raise UserError(f"cannot rebuild the checkpoint's tokenizer: {error}") from None
+        raise UserError(f"cannot rebuild the checkpoint's tokenizer from its training data ({error}); a relative "
+                        f"path is read from the folder generate.py runs in: run it where the model was trained")
 
 
 def check_positions(config, prompt_length: int, args):

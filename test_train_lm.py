@@ -207,7 +207,7 @@ def test_a_teachers_adaptive_cutoffs_are_not_overridden(run_here, trained, tmp_p
 
 def test_a_tokenizer_whose_data_folder_is_elsewhere_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(runtime.UserError, match="its training data tiny is not here; run generate.py from the folder"):
+    with pytest.raises(runtime.UserError, match="dataset folder tiny does not exist.*run it where the model was trained"):
         generate.load_tokenizer({"args": {"dataset": "tiny"}})
 
 
