@@ -260,3 +260,60 @@ def test_the_machine_line_counts_threads_and_runs_in_words():
                             dict(device="AMD EPYC, 2 cores", threads=2, torch="2.13.0+cpu", date="2026-11-23", runs=3)]}
     assert study_report.machine_lines(machine) == ["AMD EPYC, 2 cores, 1 thread, torch 2.13.0+cpu, 2026-11-24: 1 run",
                                                    "AMD EPYC, 2 cores, 2 threads, torch 2.13.0+cpu, 2026-11-23: 3 runs"]
+
+
+@pytest.mark.parametrize("hybrid, expected", [(121.0, "yes"), (122.5, "**no**")])
+def test_the_hybrid_closes_the_gap_only_when_what_is_left_is_inside_the_spread(hybrid, expected):
+    """T2R 130 against the control's 120 (spreads 1 each): 122.5 closes 75% of the gap yet leaves 2.5 > 2."""
+    rows = [lm_row("softmax", "pretrained", 119.0 + s, s) for s in (0, 2)]
+    rows += [lm_row("t2r", "pretrained", 129.0 + s, s) for s in (0, 2)]
+    rows += [lm_row("t2r75", "pretrained", hybrid - 1 + s, s) for s in (0, 2)]
+    claim, = [c for c in claims.lm_claims(rows) if c[0].startswith("the 75% hybrid")]
+    print(claim[2])
+    assert claim[3] == expected and "left (spread 2.00)" in claim[2]
+
+
+def test_the_entropy_trend_is_judged_on_the_lines_measured_at_two_k_or_more():
+    att = [dict(stage="finetuned", k=k, distance=None, entropy=e, valid_ppl=None) for k, e in ((4, 5.0), (64, 4.8))]
+    att.append(dict(stage="random_init", k=32, distance=None, entropy=4.9, valid_ppl=None))
+    claim = claims.entropy_claims(att)[-1]
+    print(claim[2])
+    assert claim[3] == "yes" and "random init at 1 k, not judged" in claim[2]
+    att += [dict(stage="random_init", k=4, distance=None, entropy=4.7, valid_ppl=None)]  # random rises with k
+    assert claims.entropy_claims(att)[-1][3] == "**no**"
+
+
+def test_claims_whose_runs_are_missing_are_listed_not_measured():
+    fs = [dict(variant="pretrained", k=k, valid_ppl=100.0) for k in (4, 64)] + [dict(variant="random", k=32,
+                                                                                      valid_ppl=101.0)]
+    assert [c[3] for c in claims.feature_claims(fs, [])] == [claims.NOT_MEASURED]
+    mt = [mt_row("softmax", "random", 20.0, None), mt_row("t2r", "pretrained", 19.5, None)]
+    assert [c[3] for c in claims.mt_claims(mt)] == ["yes", claims.NOT_MEASURED]
+    found = [("a", "", "", "yes"), ("b", "", "", "**no**"), ("c", "", "", claims.NOT_MEASURED)]
+    assert study_report.held_count(found) == "1 of 2"
+
+
+@pytest.mark.parametrize("difference, low, high, least, most, expected", [
+    (-0.5, -0.9, -0.1, -1.0, float("inf"), "yes"), (-1.6, -2.3, -0.9, -1.0, float("inf"), "inconclusive"),
+    (-1.6, -2.3, -1.1, -1.0, float("inf"), "**no**"), (1.2, 0.6, 1.9, -1.0, 1.0, "inconclusive"),
+    (0.2, -0.5, 0.9, -1.0, 1.0, "yes"), (-1.5, -1.9, -1.2, -1.0, 1.0, "**no**"), (1.0, None, None, -1.0, 1.0, "yes")])
+def test_a_bleu_margin_is_judged_on_its_bootstrap_interval(difference, low, high, least, most, expected):
+    assert claims.inside(difference, low, high, least, most).startswith(expected)
+
+
+def test_a_rank_correlation_at_the_line_with_any_point_left_out_is_strong():
+    """Six points whose rho falls to 0.70, the line, and no lower, with any one left out."""
+    pairs = [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 5.0), (5.0, 6.0), (6.0, 4.0)]
+    _, _, ours, held = claims.correlation_claim(pairs)
+    print(ours)
+    assert held == "yes" and "(0.70 to" in ours
+
+
+
+@pytest.mark.parametrize("analysed, banner", [(15, "**Partial: 3 of 43 runs finished. Missing"), (
+    11, "**Partial: 3 of 43 runs finished, the attention of 11 of 15 models analysed. Missing")])
+def test_the_summary_says_when_the_study_is_partial(analysed, banner):
+    machine = dict(runs_finished=3, runs_planned=43, attention_models=[analysed, 15])
+    summary = "\n".join(study_report.summary_page(dict(lm=[], mt=[], machine=machine), [], "results/README.md"))
+    print(summary)
+    assert summary.splitlines()[1].startswith(banner)  # under the comment that says where it is copied

@@ -130,8 +130,13 @@ def provenance(runs: list, lm_plan: list, quick: bool) -> dict:
         machines[key] = {**where, "runs": machines.get(key, {}).get("runs", 0) + 1}
     return {"command": "bash experiments/reproduce.sh" + (" --quick" if quick else ""),
             "machines": list(machines.values()), "runs_planned": len(runs), "runs_finished": len(finished(runs)),
-            "attention_analysis": all(os.path.isfile(os.path.join(r.out_dir, "attention.csv"))
-                                      for r in [lm_plan[0]] + [r for _, _, r in attention_checkpoints(lm_plan)])}
+            "attention_models": attention_counts(lm_plan)}
+
+
+def attention_counts(lm_plan: list) -> list:
+    """[analysed, planned]: the models whose attention (Figs. 5-6) the probes have measured, of those planned."""
+    models = [lm_plan[0]] + [run for _, _, run in attention_checkpoints(lm_plan)]
+    return [sum(os.path.isfile(os.path.join(r.out_dir, "attention.csv")) for r in models), len(models)]
 
 
 def recall_rows(lm_plan: list) -> list:

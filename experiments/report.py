@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 from claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,  # noqa: E402
-                    half_range, model_name)
+                    half_range, model_name, verdict_legend)
 from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
 from runtime import UserError, atomic_write, run_main  # noqa: E402
 
@@ -110,11 +110,12 @@ def provenance(machine: dict) -> str:
 
 def partial_banner(machine: dict) -> list:
     done, total = machine.get("runs_finished"), machine.get("runs_planned")
-    attention = machine.get("attention_analysis", True)
-    if done == total and attention:
+    analysed, planned = machine.get("attention_models", [0, 0])
+    if done == total and analysed == planned:
         return []
-    return [f"**Partial: {done} of {total} runs finished{'' if attention else ', attention analysis not run'}. "
-            f"Missing rows are runs not yet made; a verdict can change when they are.**", ""]
+    attention = f", the attention of {analysed} of {planned} models analysed" if analysed < planned else ""
+    return [f"**Partial: {done} of {total} runs finished{attention}. Missing rows are runs not yet made; a verdict "
+            f"can change when they are.**", ""]
 
 
 # -----------------------------------------------------------------------------
@@ -262,7 +263,8 @@ def held_count(claims: list) -> str:
 # The pages
 
 FILES = [  # (file, one row per, its columns), the last table of the page
-    ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, t2r, t2r75), `init` (random; pretrained = converted "
+    ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, sru++, t2r, t2r-transfer, t2r-window, "
+     "t2r-transfer-window, t2r75 and t2r75top: the two readings of the 75% hybrid), `init` (random; pretrained = converted "
      "from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, `test_ppl`, "
      "`train_minutes` (for pretrained rows the finetuning only)"),
     ("feature_size.csv", "Fig. 4 run (seed 0)", "`model` (t2r, or t2r_mlp_frozen: the feature-map MLP frozen while "
@@ -279,7 +281,8 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("recall.csv", "model and distance", "`model`, `distance` (tokens between a span and its repeat), `span`, "
+    ("recall.csv", "model and distance", "`model` (softmax, t2r+pretrain, t2r+window64+pretrain, sru++), "
+     "`distance` (tokens between a span and its repeat), `span`, "
      "`samples`, `repeat_accuracy`, `first_accuracy` (top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
@@ -304,12 +307,12 @@ def results_page(results: dict, claims: list) -> list:
             "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
             "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
             *curves_section(results, figure), *recall_section(results, figure),
-            "## Feature size and attention (Figs. 4-6, PTB validation)", "", *feature_table(results), "",
+            "## Feature size and attention (Figs. 4-6, PTB validation, seed 0)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
             *(figure("feature_size.png", "Fig. 4 at CPU scale", "feature_size.csv") if results["fs"] else []),
             *(figure("attention.png", "Figs. 5 and 6 at CPU scale", "attention.csv") if results["att"] else []),
             "## Translation (Table 2, LibreOffice help en-de)", "", *mt_table(results["mt"]), "",
-            "## The paper's claims and ours", "", *claims_table(claims), "",
+            "## The paper's claims and ours", "", *claims_table(claims), "", verdict_legend(), "",
             "## Where and when", "",
             f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "
             "machine):", "", *[f"- {line}" for line in machine_lines(machine)], "",
@@ -326,8 +329,11 @@ def summary_page(results: dict, claims: list, link: str) -> list:
     lm, mt = results["lm"], results["mt"]
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained")]
-    lines = [*partial_banner(results["machine"]),
-             f"**{held_count(claims)} of the paper's claims held at CPU scale** ({provenance(results['machine'])}). "
+    waiting = sum(held == NOT_MEASURED for *_, held in claims)
+    lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
+             *partial_banner(results["machine"]),
+             f"**{held_count(claims)} of the paper's claims held at CPU scale**"
+             f"{f', {waiting} more not measured yet' if waiting else ''} ({provenance(results['machine'])}). "
              f"Tables, plots and every claim: [{link}]({link}).", "",
              "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
