@@ -264,9 +264,9 @@ def held_count(claims: list) -> str:
 
 FILES = [  # (file, one row per, its columns), the last table of the page
     ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, sru++, t2r, t2r-transfer, t2r-window, "
-     "t2r-transfer-window, t2r75 and t2r75top: the two readings of the 75% hybrid), `init` (random; pretrained = converted "
-     "from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, `test_ppl`, "
-     "`train_minutes` (for pretrained rows the finetuning only)"),
+     "t2r-transfer-window, t2r75 and t2r75top: the two readings of the 75% hybrid), `init` (random; pretrained "
+     "= converted from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, "
+     "`test_ppl`, `train_minutes` (for pretrained rows the finetuning only)"),
     ("feature_size.csv", "Fig. 4 run (seed 0)", "`model` (t2r, or t2r_mlp_frozen: the feature-map MLP frozen while "
      "finetuning), `init`, `k`, `seed`, `valid_ppl`, `test_ppl`, `train_minutes`"),
     ("attention.csv", "model in Figs. 5-6", "`stage` (teacher; before_finetuning: the teacher swapped to T2R, "
@@ -282,8 +282,8 @@ FILES = [  # (file, one row per, its columns), the last table of the page
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
     ("recall.csv", "model and distance", "`model` (softmax, t2r+pretrain, t2r+window64+pretrain, sru++), "
-     "`distance` (tokens between a span and its repeat), `span`, "
-     "`samples`, `repeat_accuracy`, `first_accuracy` (top-1, over the span's tokens 2..span)"),
+     "`distance` (tokens between a span and its repeat), `span`, `samples`, `repeat_accuracy`, `first_accuracy` "
+     "(top-1, over the span's tokens 2..span)"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),
