@@ -317,3 +317,14 @@ def test_the_summary_says_when_the_study_is_partial(analysed, banner):
     summary = "\n".join(study_report.summary_page(dict(lm=[], mt=[], machine=machine), [], "results/README.md"))
     print(summary)
     assert summary.splitlines()[1].startswith(banner)  # under the comment that says where it is copied
+
+
+@pytest.mark.parametrize("gap_at_16, expected", [(1.0, "yes"), (4.0, "**no**")])
+def test_fig_4_needs_the_gap_widest_at_the_smallest_k(gap_at_16, expected):
+    """Ends alone (3 at k=4 against 2 at k=64) are not enough: the gap must be widest at the smallest k."""
+    fs = [dict(variant="pretrained", k=k, valid_ppl=100.0) for k in (4, 16, 64)]
+    fs += [dict(variant="random", k=k, valid_ppl=100.0 + g) for k, g in ((4, 3.0), (16, gap_at_16), (64, 2.0))]
+    claim = claims.feature_claims(fs, [])[0]
+    print(claim[2])
+    assert claim[3] == expected
+

@@ -197,8 +197,9 @@ def feature_claims(fs: list, att: list) -> list:
             "pretrain below random at every k; the gap grows as k shrinks")
     if len(ks) >= 2:
         gaps = {k: rnd[k] - pre[k] for k in ks}
-        claims.append((*fig4, ", ".join(f"k={k}: {gaps[k]:+.1f}" for k in ks) + " ppl (random - pretrain)",
-                       verdict(all(g > 0 for g in gaps.values()) and gaps[ks[0]] > gaps[ks[-1]])))
+        widest = max(gaps, key=gaps.get)  # "most at small k": the gap widest at the smallest k, not only the ends
+        claims.append((*fig4, ", ".join(f"k={k}: {gaps[k]:+.1f}" for k in ks) + f" ppl (random - pretrain), widest "
+                       f"at k={widest}", verdict(all(g > 0 for g in gaps.values()) and widest == ks[0])))
     elif pre:
         claims.append((*fig4, f"both inits measured at {len(ks)} k (needs 2 or more)", NOT_MEASURED))
     return claims + distance_claims(att) + entropy_claims(att)
