@@ -441,4 +441,7 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
         assert regenerated == committed, f"results/{name} is not what report.py writes: rerun it"
     summary = open(os.path.join(ROOT, "results", "summary.md")).read().splitlines()
     headline = next(line for line in summary if " claims held at CPU scale" in line).split(" at CPU scale")[0]
-    assert headline in open(os.path.join(ROOT, "README.md")).read(), "the README quotes the summary's verdict count"
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    assert headline in readme, "the README quotes the summary's verdict count"
+    table = "\n".join(line for line in summary if line.startswith("|"))
+    assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
