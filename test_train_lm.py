@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -395,3 +396,25 @@ def test_generation_memory_does_not_grow_with_the_length():
     growth = rss() - before
     print(f"RSS growth from 500 to 10,000 tokens: {growth / 2**20:.2f} MiB (logits kept: {logits})")
     assert tokens.shape == (1, 10_000) and logits is None and growth < 20 * 2**20
+
+
+def test_tokens_per_second_leaves_out_evaluation(run_here, corpus, tmp_path, monkeypatch):
+    """On a clock where a step takes 1 s and an evaluation 100 s, every logged rate is one step's 4 x 32 tokens a
+    second, also in the intervals an evaluation falls into (--eval_interval 3, --log_interval 2)."""
+    import training
+    clock = [0.0]
+
+    def after(function, seconds):
+        def timed(*args, **kwargs):
+            clock[0] += seconds
+            return function(*args, **kwargs)
+        return timed
+    monkeypatch.setattr(training, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(training, "optimizer_step", after(training.optimizer_step, 1.0))
+    monkeypatch.setattr(training, "validate", after(training.validate, 100.0))
+    result = run_here("train_lm.py", "--dataset", corpus, "--max_steps", "8", "--out_dir", tmp_path / "run", *TINY,
+                      "--eval_interval", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rates = [line.split(" tok/s")[0].rsplit("| ", 1)[1] for line in result.stdout.splitlines() if "tok/s" in line]
+    print("logged tok/s:", rates)
+    assert rates == ["128"] * 4

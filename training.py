@@ -217,14 +217,14 @@ def train(task: Task) -> dict:
                 t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
             if p.step % args.eval_interval == 0 or last or p.step == args.transfer_steps:
                 check_finite(nonfinite, task, p)
-                t_eval = time.time()
+                t_eval = time.time()  # evaluating and saving: left out of the next tok/s
                 validate(task, raw_model, p)
                 p.train_seconds += time.time() - t_eval
                 if p.step == args.transfer_steps:  # the model before finetuning: the final evaluation, not timed
                     print(f"after the {p.step} steps of attention transfer:")
                     p.after_transfer = task.report(raw_model, p.train_seconds)
                 save_run(task, raw_model, optimizer, scaler, p)
-                t_log = time.time()
+                t_log += time.time() - t_eval
             if ctrl_c.pressed(ddp, device, agree=p.step % args.log_interval == 0):
                 break
     bar.close()
