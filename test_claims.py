@@ -327,4 +327,3 @@ def test_fig_4_needs_the_gap_widest_at_the_smallest_k(gap_at_16, expected):
     claim = claims.feature_claims(fs, [])[0]
     print(claim[2])
     assert claim[3] == expected
-

@@ -19,6 +19,7 @@ import generate
 import job
 import runtime
 import train_lm
+import training
 from t2r import Config, TransformerLM, fold
 
 from conftest import ROOT, TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
@@ -401,7 +402,6 @@ def test_generation_memory_does_not_grow_with_the_length():
 def test_tokens_per_second_leaves_out_evaluation(run_here, corpus, tmp_path, monkeypatch):
     """On a clock where a step takes 1 s and an evaluation 100 s, every logged rate is one step's 4 x 32 tokens a
     second, also in the intervals an evaluation falls into (--eval_interval 3, --log_interval 2)."""
-    import training
     clock = [0.0]
 
     def after(function, seconds):

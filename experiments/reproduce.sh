@@ -4,7 +4,8 @@
 # to continue.
 # experiments/study.py runs the plan (rerunning skips finished runs, kept in results/runs/ so that another machine
 # continues too, and resumes interrupted ones) and gathers the results into results/*.csv; at its end
-# experiments/report.py writes results/README.md, results/summary.md and the plots from those CSVs alone. Extra flags go to experiments/study.py (try --dry_run, --quick, --jobs 1).
+# experiments/report.py writes results/README.md, results/summary.md and the plots from those CSVs alone. Extra
+# flags go to experiments/study.py (try --dry_run, --quick, --jobs 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python experiments/study.py --jobs 2 "$@"

@@ -18,9 +18,9 @@ experiments/report.py turns those files alone into the tables, plots and claims 
 
 The sizes: about 16 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
 training minutes over the 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
-56-101, the probes beside): it is meant to be stopped and continued, on this machine or another, results/runs/
-carrying the finished runs. At these sizes the LM teacher is measured short of the convergence rule (below): its
-plateau is several doublings of compute away.
+56-101, the probes' minutes besides): it is meant to be stopped and continued, on this machine or another,
+results/runs/ carrying the finished runs. At these sizes the LM teacher is measured short of the convergence rule
+(below): its plateau is several doublings of compute away.
 The claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
