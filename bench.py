@@ -31,22 +31,26 @@ import torch
 import torch.nn.functional as F
 
 from bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm, build_s2s,
-                          lm_config, train_model)
+                          lm_config, train_model, translator_name)
 from bench_report import machine_line, value, write_all
-from bench_tools import (StepTimer, cuda_reset, largest_batch, latency_at, measure_step, memory_readings, row,
-                         steps_per_s, sru_theory_ratio, theory_ratio, time_shares)
-from t2r import Config, state_bytes
-from translate import decode_speed, load_run, measure_run
+from bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_reset, largest_batch, latency_at, measure_step,
+                         memory_readings, ratio_rows, row, step_runner, steps_per_s, sru_theory_ratio, theory_ratio,
+                         time_shares)
+from t2r import state_bytes
+from translate import decode_speed, load_run
 from runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
-SECTIONS = ("gen", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: with --mt_runs; capacity: CUDA
+SECTIONS = ("gen", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU
+PAIRS = (("t2r32", "proj_only"), ("t2r32_compiled", "proj_only_compiled"))  # section pairs: a step against a step
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
-            train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, out_dir="results/bench")
+            train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, pair_rounds=21, pair_steps=128,
+            out_dir="results/bench")
 FULL_CUDA = dict(batch_sizes="1,16,256", train_lengths="1024,2048,4096,8192,16384")  # FULL's changes on a GPU
 QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
-             memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, out_dir="out/bench-quick")
+             memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, pair_rounds=3, pair_steps=4,
+             out_dir="out/bench-quick")
 
 
 def int_list(text: str) -> list:
@@ -88,6 +92,10 @@ def make_parser() -> Parser:
                    "sentences, batch 16 (section mt; one softmax run and one converted, e.g. "
                    "out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained)")
     p.add_argument("--mt_sentences", type=int, default=500, help="test sentences each --mt_runs run decodes")
+    p.add_argument("--mt_passes", type=int, default=5, help="passes over them per run, the runs taking turns")
+    p.add_argument("--pair_rounds", type=int, default=None, help="section pairs: rounds, the two steps taking turns "
+                   "(21)")
+    p.add_argument("--pair_steps", type=int, default=None, help="section pairs: steps of each model per round (128)")
     p.add_argument("--recompute_max", type=int, default=None,
                    help="longest length of softmax_recompute, which is quadratic per token (512)")
     p.add_argument("--memory_length", type=int, default=None, help="tokens of the state-size comparison (4096)")
@@ -123,8 +131,8 @@ def get_args(argv=None):
     args.only += ["mt"] if args.mt_runs and "mt" not in args.only else []
     if "capacity" in only and not cuda:
         p.error("--only capacity: the largest batch that fits is found on a CUDA device (a CPU would swap)")
-    for name in ("capacity_length", "mt_sentences", "s2s_max_tokens", "recompute_max", "memory_length", "train_batch",
-                 "quadratic_max", "repeats", "gen_repeats"):
+    for name in ("capacity_length", "mt_sentences", "mt_passes", "s2s_max_tokens", "recompute_max", "memory_length",
+                 "train_batch", "quadratic_max", "repeats", "gen_repeats", "pair_rounds", "pair_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -143,7 +151,8 @@ def check_selection(args, parser, named_sections: list):
     """Refuse a run that would measure nothing, or could not write what it measured, before it starts."""
     if "mt" in named_sections and not args.mt_runs:
         parser.error("--only mt decodes the translators of --mt_runs: pass --mt_runs RUN[,RUN...]")
-    filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "s2s": list(S2S_MODELS), "capacity": list(CAPACITY_MODELS)}
+    filtered = {"gen": [*LM_MODELS, *SRU_MODELS], "pairs": [m for pair in PAIRS for m in pair],
+                "s2s": list(S2S_MODELS), "capacity": list(CAPACITY_MODELS)}
     sections = [s for s in filtered if s in args.only]
     if args.models and sections and not any(set(args.models) & set(filtered[s]) for s in sections):
         parser.error(f"--models {','.join(args.models)}: no model that --only {','.join(sections)} measures ("
@@ -233,6 +242,36 @@ def bench_generation(section, names, batch_sizes, lengths, args, rows, make, lim
             del model
 
 
+def bench_pairs(args, rows):
+    """Each of PAIRS, a step against a step at every batch size: --pair_rounds rounds of --pair_steps greedy steps
+    each, the two models taking turns (bench_tools.alternating); the median of the rounds' time ratios, and their
+    range. Then a profiled round of each: the first's share of time in the ops of Eqs. 6-7 (EQ_6_7_OPS) beyond the
+    second's (its feed-forward relu), and how many more op calls it makes per step."""
+    for batch in args.batch_sizes:
+        for a, b in PAIRS:
+            if args.quick and a.endswith("_compiled"):
+                continue
+            runs = {name: step_runner(build_lm(name, args)[0], batch, args) for name in (a, b)}
+            times = alternating(runs, args.pair_rounds)
+            ratios = [x / y for x, y in zip(times[a], times[b])]
+            rows += ratio_rows("pairs", f"{a}/{b}", batch, "time_ratio", ratios)
+            print(f"pairs {a}/{b} B={batch}: time ratio {statistics.median(ratios):.3f} (median of "
+                  f"{len(ratios)} rounds, {min(ratios):.3f} to {max(ratios):.3f})", flush=True)
+            if args.device.type == "cpu" and not a.endswith("_compiled"):
+                spent = {name: op_seconds(runs[name]) for name in (a, b)}  # b's Eq. 6-7 ops: the feed-forward relu
+                rows += [row("pairs", a, batch, 0, "share_eq_6_7", (spent[a][0] - spent[b][0]) / statistics.median(
+                    times[a]), "fraction"), row("pairs", a, batch, 0, "extra_ops_per_step",
+                                                (spent[a][1] - spent[b][1]) / args.pair_steps, "ops")]
+
+
+def op_seconds(run) -> tuple:
+    """(self CPU seconds of the ops of EQ_6_7_OPS, calls of every op) in one profiled call of run."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        run()
+    events = profile.key_averages()
+    return sum(e.self_cpu_time_total for e in events if e.key in EQ_6_7_OPS) / 1e6, sum(e.count for e in events)
+
+
 def bench_memory(args, rows):
     """KV cache against RNN state at --memory_length tokens, batch 1: measured and in theory."""
     N = args.memory_length
@@ -274,23 +313,33 @@ def bench_capacity(args, rows):
 
 
 def bench_translators(args, rows):
-    """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5, and where greedy
-    decoding's time goes."""
-    for run in args.mt_runs:
-        config = load_checkpoint(os.path.join(run, "model.pt"))["config"]
-        kinds = sorted(set(Config(**config).layer_kinds()) | {config.get("cross_attn", "softmax")})
-        name = "+".join(kinds) + ("_window" if config.get("window") else "")
-        for beam, metric in ((1, "tokens_per_s"), (5, "beam5_tokens_per_s")):
-            result = measure_run(run, args.device, 16, 3, beam, args.mt_sentences)
-            rows.append(row("mt", name, 16, 0, metric, result["tokens_per_s"], "tok/s"))
-            passes = ", ".join(f"{r:.0f}" for r in result["tokens_per_s_passes"])
-            print(f"mt   {name:17s} beam {beam}: {result['tokens_per_s']:7.0f} tok/s, the median of {passes} "
-                  f"({run})", flush=True)
-        if args.device.type != "cpu":
-            continue  # the profile reads CPU time; a GPU's kernels run asynchronously of it
+    """Trained translators (--mt_runs) on their own test sentences, batch 16: greedy and beam 5, --mt_passes passes
+    each, the runs taking turns (bench_tools.alternating); each run's median tokens/s, and against a softmax run
+    the median of the passes' ratios; then where greedy decoding's time goes."""
+    loaded = {run: load_run(run, args.device, args.mt_sentences) for run in args.mt_runs}
+    names = {run: translator_name(run) for run in args.mt_runs}
+    softmax = next((run for run in args.mt_runs if names[run] == "softmax"), None)
+    for beam, metric in ((1, "tokens_per_s"), (5, "beam5_tokens_per_s")):
+        passes = alternating({run: decoding(*loaded[run], beam, args) for run in args.mt_runs}, args.mt_passes)
+        for run in args.mt_runs:
+            rates = [p["tokens_per_s"] for p in passes[run]]
+            rows.append(row("mt", names[run], 16, 0, metric, statistics.median(rates), "tok/s"))
+            print(f"mt   {names[run]:17s} beam {beam}: {statistics.median(rates):7.0f} tok/s, the median of "
+                  + ", ".join(f"{r:.0f}" for r in rates) + f" ({run})", flush=True)
+            if softmax and run != softmax:
+                ratios = [p["tokens_per_s"] / q["tokens_per_s"] for p, q in zip(passes[run], passes[softmax])]
+                rows += ratio_rows("mt", f"{names[run]}/softmax", 16, metric + "_ratio", ratios)
+    for run in args.mt_runs if args.device.type == "cpu" else []:  # the profile reads CPU time; CUDA is async
         shares = profile_greedy(run, args)
-        rows += [row("mt", name, 16, 0, f"share_{part}", share, "fraction") for part, share in shares.items()]
-        print(f"mt   {name:17s} greedy time: " + ", ".join(f"{p} {s:.0%}" for p, s in shares.items()), flush=True)
+        rows += [row("mt", names[run], 16, 0, f"share_{part}", share, "fraction") for part, share in shares.items()]
+        print(f"mt   {names[run]:17s} greedy time: " + ", ".join(f"{p} {s:.0%}" for p, s in shares.items()),
+              flush=True)
+
+
+def decoding(model, tokenizer, sentences, saved: dict, beam: int, args):
+    """A function decoding the test sentences once (translate.decode_speed) with the run's own length limits."""
+    return lambda: decode_speed(model, tokenizer, sentences, args.device, 16, beam, saved["max_len_a"],
+                                saved["max_len_b"], saved.get("lenpen", 0.6))
 
 
 def profile_greedy(run, args) -> dict:
@@ -377,6 +426,7 @@ def main(argv=None):
         "gen": lambda: bench_generation("gen", [*lm_models, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
                                         lambda name: build_lm(name, args),
                                         limits={"softmax_recompute": args.recompute_max}),
+        "pairs": lambda: bench_pairs(args, rows),
         "s2s": lambda: bench_generation("s2s", S2S_MODELS, args.s2s_batch_sizes, args.s2s_lengths, args, rows,
                                         lambda name: build_s2s(name, args), max_tokens=args.s2s_max_tokens),
         "memory": lambda: bench_memory(args, rows),

@@ -1,11 +1,14 @@
 """The models bench.py measures: their names, what each is, and how each is built (random weights of the LM's
 shapes, or of --ckpt's, on --device in --dtype)."""
 
+import os
+
 import torch
 import torch.nn as nn
 
 from bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from fast_step import CapturedStep, FastStep
+from runtime import load_checkpoint
 from sru import SRUConfig, SRUppLM
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
 
@@ -116,6 +119,13 @@ def build_s2s(name: str, args):
                        cross_attn=kind, cross_feature_size=cross_k)
     model = Seq2SeqTransformer(config).eval()
     return FastStep(place(fold(model) if folded else model, args)), "step"
+
+
+def translator_name(run: str) -> str:
+    """softmax, t2r, ... from a run's model.pt: its attention kinds, and _window for a hybrid."""
+    config = load_checkpoint(os.path.join(run, "model.pt"))["config"]
+    kinds = sorted(set(Config(**config).layer_kinds()) | {config.get("cross_attn", "softmax")})
+    return "+".join(kinds) + ("_window" if config.get("window") else "")
 
 
 def train_model(section, name, args):

@@ -92,6 +92,46 @@ def row(section, model, batch, length, metric, value, unit) -> dict:
     return dict(section=section, model=model, batch=batch, length=length, metric=metric, value=value, unit=unit)
 
 
+def ratio_rows(section, name, batch, metric, ratios: list) -> list:
+    """The median of paired ratios (metric) and their range (metric_min, metric_max)."""
+    return [row(section, name, batch, 0, metric + suffix, f(ratios), "x")
+            for suffix, f in (("", statistics.median), ("_min", min), ("_max", max))]
+
+
+def alternating(runs: dict, rounds: int) -> dict:
+    """name -> a function returning one measurement; -> name -> its `rounds` measurements, taken in turns (forward
+    in even rounds, backward in odd ones). A slow spell of a shared machine then hits both sides of a ratio taken
+    round by round, and no side always runs first."""
+    out = {name: [] for name in runs}
+    for r in range(rounds):
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            out[name].append(runs[name]())
+    return out
+
+
+def step_runner(model, batch: int, args):
+    """A function timing --pair_steps greedy steps of model, each call going on from where the last stopped (the
+    position only grows by rounds x steps); one untimed call first (a compiled model compiles)."""
+    state, token = model.init_state(batch), torch.zeros(batch, dtype=torch.long, device=args.device)
+
+    def run() -> float:
+        nonlocal state, token
+        synchronize(args.device)
+        start = time.perf_counter()
+        for _ in range(args.pair_steps):
+            logits, state = model.step(token, state)
+            token = logits.argmax(-1)
+        synchronize(args.device)
+        return time.perf_counter() - start
+    run()
+    return run
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def latency_at(times, position, window=32):
     """Median seconds of the steps that produced tokens position-window+1 .. position."""
     return statistics.median(times[max(0, position - window): position])
@@ -147,6 +187,9 @@ def measure_step(step, args) -> tuple:
 # softmax attention kernel (SDPA) of one new token over the KV caches is what T2R replaces (the encoder, softmax in
 # both, reads the whole source at once); the rest is everything else.
 TIME_PARTS = ("head", "linear", "sdpa", "rest")
+# The ops of Eqs. 6-7 in fast_step.py's linear-attention step (the feature map, [S | z] += ..., phi(q)^T [S | z],
+# the normalization): what a T2R step runs beyond the same weights' projections (bench.py's section pairs).
+EQ_6_7_OPS = ("aten::relu", "aten::addcmul_", "aten::bmm", "aten::abs", "aten::clamp_min", "aten::div")
 
 
 def time_shares(events, vocab_size: int, seconds: float) -> dict:

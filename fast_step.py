@@ -59,6 +59,7 @@ class LinearSelfAttention:
         self.feature_map, self.out = attn.feature_map, attn.out_proj
         self.H, self.k, self.d = attn.n_head, attn.feature_size, attn.d_head
         self.w = attn.q_proj.out_features // self.H  # d, or k once folded
+        self.elementwise = getattr(self.feature_map, "elementwise", False)  # folded t2r, elu: one call for q | k
         self.weight, self.bias = stacked_projection(attn, append_one=True)  # per head: q | k | v | 1
 
     def init_state(self, batch_size: int, device, dtype):
@@ -69,7 +70,11 @@ class LinearSelfAttention:
         B, (H, k, d, w) = x.shape[0], (self.H, self.k, self.d, self.w)
         o = F.linear(x, self.weight, self.bias).view(B, H, 1, 2 * w + d + 1).to(Sz.dtype)
         with full_precision(x.device):
-            fq, fk = self.feature_map(o[..., :w], o[..., w:2 * w])  # (B, H, 1, k)
+            if self.elementwise:
+                (fqk,) = self.feature_map(o[..., :2 * w])  # (B, H, 1, 2k): [phi(q) | phi(k)]
+                fq, fk = fqk[..., :w], fqk[..., w:]
+            else:
+                fq, fk = self.feature_map(o[..., :w], o[..., w:2 * w])  # (B, H, 1, k)
             # Eq. 6 for S and z at once: [S | z] += phi(k_i) (x) [v_i | 1]
             Sz.addcmul_(fk.view(B, H, k, 1), o[..., 2 * w:])  # (B, H, k, 1) * (B, H, 1, d + 1)
             # Eq. 7: phi(q_i)^T [S | z] = [numerator | denominator]

@@ -154,6 +154,8 @@ class T2RFeatureMap(nn.Module):
 class FoldedT2RFeatureMap(nn.Module):
     """What is left of the T2R feature map after `fold`: W_phi now lives inside W_q and W_k (Eq. 8)."""
 
+    elementwise = True  # phi acts on each number alone: q and k may go through it as one tensor (fast_step.py)
+
     def forward(self, *xs):
         # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q); the projection already produced W~_q x_i + b~_q
         return tuple(F.relu(x) for x in xs)
@@ -161,6 +163,8 @@ class FoldedT2RFeatureMap(nn.Module):
 
 class EluFeatureMap(nn.Module):
     """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020): positive, no parameters, k = d."""
+
+    elementwise = True
 
     def forward(self, *xs):
         return tuple(F.elu(x) + 1 for x in xs)

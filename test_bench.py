@@ -48,7 +48,7 @@ def test_csv_columns_are_documented(quick_run):
 
 def test_every_model_has_positive_rows(quick_run):
     _, _, rows, _ = quick_run
-    for r in rows:
+    for r in [r for r in rows if r["section"] != "pairs"]:  # pairs: no length; a share of a noisy profile
         assert float(r["value"]) > 0, r
         assert int(r["batch"]) >= 1 and int(r["length"]) >= 1, r
     present = {(r["section"], r["model"]) for r in rows}
@@ -56,7 +56,7 @@ def test_every_model_has_positive_rows(quick_run):
                 if not m.endswith(("_graph", "_compiled"))}
     expected |= {("s2s", m) for m in bench.S2S_MODELS}
     expected |= {(s, m) for s in ("train_attn", "train_lm") for m in bench.TRAIN_MODELS if m not in bench.SRU_MODELS}
-    expected |= {("train_lm", m) for m in bench.SRU_MODELS}
+    expected |= {("train_lm", m) for m in bench.SRU_MODELS} | {("pairs", "t2r32/proj_only"), ("pairs", "t2r32")}
     expected |= {("memory", m) for m in ("softmax_kv", "t2r32", "t2r32_window64", "t2r4", "elu", "rfa32", "sru++",
                                          "sru++_top")}
     assert expected <= present, sorted(expected - present)
@@ -82,9 +82,10 @@ def test_markdown_ratios_and_plots(quick_run):
     text = (out_dir / "bench.md").read_text()
     assert "| ratio | measured | goal | verdict |" in text and "| softmax_kv |" in text and "## How it measures" in text
     for b in (1, 16):  # the floors were run: their ratios are numbers, not n/a
-        start = f"| t2r32 step / proj_only step (tokens/s at 16), batch {b} |"
+        start = f"| t2r32 step / proj_only step, batch {b}: paired rounds |"
         line = next(x for x in text.splitlines() if x.startswith(start))
-        assert float(line.split("|")[2]) > 0, line
+        median, low, _, high = line.split("|")[2].replace("(", "").replace(")", "").split()
+        assert 0 < float(low) <= float(median) <= float(high), line
         assert f"ratio: t2r32_reference step / t2r32 step (tokens/s at 16), batch {b}: " in stdout
     if importlib.util.find_spec("matplotlib") is not None:
         pngs = sorted(p.name for p in out_dir.glob("*.png"))
@@ -99,16 +100,19 @@ def test_ratios_from_rows():
             for model, L, tps in (("t2r32", 8192, 6000.0), ("softmax_kv", 8192, 500.0), ("proj_only", 8192, 6200.0))]
     rows += [bench.row("memory", "t2r32", 1, 4096, metric, v, "x")
              for metric, v in (("kv_over_state", 260.0), ("kv_over_state_theory", 252.06))]
-    rows += [bench.row("mt", model, 16, 0, "tokens_per_s", tps, "tok/s") for model, tps in (("t2r", 900.0),
-                                                                                           ("softmax", 750.0))]
+    rows += bench_tools.ratio_rows("pairs", "t2r32/proj_only", 16, "time_ratio", [1.02, 0.97, 1.12])
+    rows += bench_tools.ratio_rows("mt", "t2r/softmax", 16, "tokens_per_s_ratio", [1.3, 1.2, 1.1, 0.9, 1.25])
     args = SimpleNamespace(batch_sizes=[1, 16], memory_length=4096, quadratic_max=4096, device=torch.device("cpu"))
     got = {what: (measured, verdict) for what, measured, _, verdict in bench_report.ratios(rows, args)}
     print("\n".join(f"{w}: {m} {v}" for w, (m, v) in got.items()))
     assert got["t2r32 / softmax_kv tokens/s at 8192, batch 16"] == ("12.00", "MISS")  # the CPU's goal is 14
-    assert got["t2r32 step / proj_only step (tokens/s at 8192), batch 16"] == ("1.03", "pass")
+    assert got["t2r32 step / proj_only step, batch 16: paired rounds"] == ("1.02 (0.97 to 1.12)", "pass")
     assert got["t2r32 / softmax_kv tokens/s at 4096, batch 16"][1].startswith("n/a")
     assert got["t2r32_reference step / t2r32 step (tokens/s at 8192), batch 16"][1].startswith("n/a")
-    assert got["translator greedy, test sentences: t2r / softmax tokens/s, batch 16"] == ("1.20", "pass")
+    assert got["translator greedy, test sentences: t2r / softmax tokens/s, batch 16: paired passes"] == \
+        ("1.20 (0.90 to 1.30)", "pass")
+    beam = "translator beam 5, test sentences: t2r / softmax tokens/s, batch 16: paired passes"
+    assert got[beam][1].startswith("n/a")
     assert got["KV cache / t2r32 state at 4096 tokens, measured"] == ("260.00", "MISS")  # 3% off the theory
 
 
@@ -198,6 +202,8 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     (["--lengths", "0"], "expected positive integers, got '0'"),
     (["--models", "gpt"], "unknown model 'gpt' in --models"),
     (["--repeats", "0"], "--repeats must be at least 1"),
+    (["--pair_rounds", "0"], "--pair_rounds must be at least 1"),
+    (["--mt_passes", "0"], "--mt_passes must be at least 1"),
     (["--ckpt", "missing.pt"], "no checkpoint at missing.pt"),
     (["--mt_runs", "no/such/run"], "--mt_runs no/such/run: no model.pt and args.json there"),
     (["--models", "t2r32_graph", "--device", "cpu"], "CUDA graphs need a CUDA device"),
@@ -270,8 +276,35 @@ def test_ceilings_are_the_floors_over_softmax_and_the_attention_share():
             for model, tps in (("softmax_kv", 400.0), ("proj_only", 2800.0), ("floor", 3400.0))]
     rows += [bench.row("mt", "softmax", 16, 0, f"share_{part}", share, "fraction")
              for part, share in zip(bench_tools.TIME_PARTS, (0.3, 0.4, 0.2, 0.1))]
-    got = [(what, round(ceiling, 4)) for what, ceiling, _ in bench_report.ceilings(rows)]
+    rows += bench_tools.ratio_rows("pairs", "t2r32/proj_only", 1, "time_ratio", [1.2, 1.25, 1.3])
+    rows += [bench.row("pairs", "t2r32", 1, 0, "share_eq_6_7", 0.1, "fraction"),
+             bench.row("pairs", "t2r32", 1, 0, "extra_ops_per_step", 80.0, "ops")]
+    found = bench_report.ceilings(rows)
+    got = [(what, round(ceiling, 4)) for what, ceiling, _ in found]
     assert got == [("t2r32 / softmax_kv tokens/s at 8192, batch 16", 7.0),
                    ("t2r32 / softmax_kv tokens/s at 8192, batch 16", 8.5),
+                   ("t2r32 step / proj_only step, batch 1: paired rounds", 1.125),  # 1.25 x (1 - 0.1)
                    ("translator greedy, test sentences: t2r / softmax tokens/s, batch 16", 1.25)]
+    assert "80 more op calls a step" in found[2][2]
     assert "| softmax | 30% | 40% | 20% | 10% |" in bench_report.bounds(rows)
+
+
+def test_alternating_takes_turns_forward_then_backward():
+    calls = []
+    make = lambda name: lambda: calls.append(name) or len(calls)
+    got = bench_tools.alternating({"a": make("a"), "b": make("b")}, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert got == {"a": [1, 4, 5], "b": [2, 3, 6]}
+
+
+def test_translators_take_turns_and_are_compared_pass_by_pass(tmp_path):
+    runs = [translator_run(tmp_path / kind, kind)[0] for kind in ("softmax", "t2r")]
+    args = SimpleNamespace(device=torch.device("cpu"), mt_runs=runs, mt_sentences=8, mt_passes=3)
+    rows = []
+    bench.bench_translators(args, rows)
+    got = {(r["model"], r["metric"]): r["value"] for r in rows}
+    print({key: round(v, 3) for key, v in got.items()})
+    for metric in ("tokens_per_s_ratio", "beam5_tokens_per_s_ratio"):
+        low, median, high = (got[("t2r/softmax", metric + end)] for end in ("_min", "", "_max"))
+        assert 0 < low <= median <= high
+    assert ("softmax/softmax", "tokens_per_s_ratio") not in got and got[("t2r", "share_sdpa")] == 0

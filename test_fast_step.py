@@ -5,6 +5,7 @@ tensor), the compiled body without graph breaks, and CUDA graphs where CUDA exis
 import pytest
 import torch
 
+import t2r
 import translate
 from conftest import assert_flags_refused, report, tiny_translator
 from fast_step import CapturedStep, FastStep
@@ -53,6 +54,14 @@ def test_fast_step_equals_the_reference_step(case):
     diff, state, fast_state = both_steps(model, FastStep(model), tokens)
     assert report(f"{case}: fast step - t2r.py step, logits over 40 positions", diff) < 1e-12
     assert state_bytes(fast_state) == state_bytes(state)  # [S | z] holds exactly S and z
+
+
+@pytest.mark.parametrize("feature_map", [t2r.FoldedT2RFeatureMap(), t2r.EluFeatureMap()], ids=["folded t2r", "elu"])
+def test_an_elementwise_feature_map_may_take_q_and_k_as_one_tensor(feature_map):
+    """The fast step puts q | k through such a map in one call: the same as q and k one by one."""
+    q, k = torch.randn(2, 3, 1, 4, dtype=torch.float64), torch.randn(2, 3, 1, 4, dtype=torch.float64)
+    (together,) = feature_map(torch.cat([q, k], -1))
+    assert feature_map.elementwise and torch.equal(together, torch.cat(feature_map(q, k), -1))
 
 
 @pytest.mark.parametrize("kind", ["t2r", "softmax", "elu"])
