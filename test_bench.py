@@ -7,6 +7,7 @@ bench.py runs end to end (--quick, into out/bench-quick) and writes what its doc
 
 import csv
 import importlib.util
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -37,6 +38,20 @@ def test_quick_writes_under_out_not_results(quick_run):
     assert not (cwd / "results").exists()
     assert sorted(p.name for p in cwd.iterdir()) == ["out"]
     assert "wrote out/bench-quick/bench.csv, bench.md" in stdout
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_run_on_cuda_in_bf16(tmp_path):
+    """Every CUDA path of bench.py: bf16 generation, the CUDA graph, pairs, capacity, training under autocast."""
+    gpu = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"}  # run() hides it otherwise
+    run("bench.py", "--quick", "--device", "cuda", "--dtype", "bfloat16", "--capacity_length", "256", "--out_dir",
+        "b", cwd=tmp_path, extra_env=gpu)
+    with open(tmp_path / "b" / "bench.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["device"] == "cuda" for r in rows)
+    present = {(r["section"], r["model"]) for r in rows}
+    assert {("gen", "t2r32_graph"), ("gen", "softmax_kv"), ("pairs", "t2r32/proj_only"), ("capacity", "t2r32"),
+            ("train_attn", "t2r_chunked")} <= present, sorted(present)
 
 
 def test_csv_columns_are_documented(quick_run):

@@ -2,6 +2,8 @@
 every attention kind and model; the translator's decodings unchanged; the path a CUDA graph records (a position
 tensor), the compiled body without graph breaks, and CUDA graphs where CUDA exists."""
 
+import time
+
 import pytest
 import torch
 
@@ -189,3 +191,16 @@ def test_bf16_fast_step_keeps_a_float32_state():
     assert fast_state["layers"][0]["self"]["Sz"].dtype == torch.float32
     assert report("bf16: fast step - t2r.py step", diff) < 0.1
 
+
+
+@cuda
+def test_bf16_kv_cache_decoding_does_not_stall():
+    """A KV cache has a new key length at every token. In bf16 on an H100, SDPA's cuDNN kernel built a plan for
+    each one and 8192 tokens did not finish in 220 s; t2r.py turns that kernel off. 1024 steps: seconds."""
+    fast = FastStep(tiny_lm(attn="softmax", dtype=torch.bfloat16).cuda())
+    tokens, state, start = torch.zeros(16, dtype=torch.long, device="cuda"), fast.init_state(16), time.perf_counter()
+    for _ in range(1024):
+        logits, state = fast.step(tokens, state)
+        tokens = logits.argmax(-1)
+    torch.cuda.synchronize()
+    assert report("seconds for 1024 bf16 KV-cache steps, batch 16", time.perf_counter() - start) < 60
