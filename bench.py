@@ -258,10 +258,10 @@ def bench_pairs(args, rows):
             print(f"pairs {a}/{b} B={batch}: time ratio {statistics.median(ratios):.3f} (median of "
                   f"{len(ratios)} rounds, {min(ratios):.3f} to {max(ratios):.3f})", flush=True)
             if args.device.type == "cpu" and not a.endswith("_compiled"):
-                spent = {name: op_seconds(runs[name]) for name in (a, b)}  # b's Eq. 6-7 ops: the feed-forward relu
-                rows += [row("pairs", a, batch, 0, "share_eq_6_7", (spent[a][0] - spent[b][0]) / statistics.median(
-                    times[a]), "fraction"), row("pairs", a, batch, 0, "extra_ops_per_step",
-                                                (spent[a][1] - spent[b][1]) / args.pair_steps, "ops")]
+                (seconds_a, calls_a), (seconds_b, calls_b) = op_seconds(runs[a]), op_seconds(runs[b])  # b: ffn relu
+                share = (seconds_a - seconds_b) / statistics.median(times[a])
+                rows += [row("pairs", a, batch, 0, "share_eq_6_7", share, "fraction"),
+                         row("pairs", a, batch, 0, "extra_ops_per_step", (calls_a - calls_b) / args.pair_steps, "ops")]
 
 
 def op_seconds(run) -> tuple:

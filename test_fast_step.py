@@ -192,7 +192,6 @@ def test_bf16_fast_step_keeps_a_float32_state():
     assert report("bf16: fast step - t2r.py step", diff) < 0.1
 
 
-
 @cuda
 def test_bf16_kv_cache_decoding_does_not_stall():
     """A KV cache has a new key length at every token. In bf16 on an H100, SDPA's cuDNN kernel built a plan for
