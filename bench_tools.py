@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fast_step import LinearSelfAttention
+from translate import synchronize
 
 
 # -----------------------------------------------------------------------------
@@ -125,11 +126,6 @@ def step_runner(model, batch: int, args):
         return time.perf_counter() - start
     run()
     return run
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def latency_at(times, position, window=32):
