@@ -3,7 +3,7 @@ Speed and memory of softmax attention against T2R as the sequence grows (Kasai e
 Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
 memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
 translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them. On a GPU,
-the largest batch that fits at 8192 tokens (section capacity). The models: bench_models.py.
+the largest batch that fits at 8192 tokens (section capacity). The models: benchmarks/bench_models.py.
 
     python bench.py                          # everything (bench.md says how long it took)
     python bench.py --quick --threads 1      # a smoke run of every section in under a minute
@@ -15,7 +15,7 @@ the largest batch that fits at 8192 tokens (section capacity). The models: bench
 Outputs in --out_dir (default results/bench; with --quick, out/bench-quick):
   bench.csv   one row per measurement, columns: section,model,batch,length,metric,value,unit,device
   bench.md    the ratios (T2R against softmax and against the floors), every table, the models, and
-              "How it measures" (timers, memory readings); bench_report.py writes it and the plots
+              "How it measures" (timers, memory readings); benchmarks/bench_report.py writes it and the plots
   *.png       gen_tokens_per_s, gen_latency, gen_memory, s2s_crossover, train (needs matplotlib)
 Run it on an otherwise idle machine: other processes on the same cores distort every number.
 """
@@ -30,15 +30,15 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm, build_s2s,
-                          lm_config, train_model, translator_name)
-from bench_report import machine_line, value, write_all
-from bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_reset, largest_batch, latency_at, measure_step,
-                         memory_readings, ratio_rows, row, step_runner, steps_per_s, sru_theory_ratio, theory_ratio,
-                         time_shares)
+from benchmarks.bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm, build_s2s,
+                                     lm_config, train_model, translator_name)
+from benchmarks.bench_report import machine_line, value, write_all
+from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_reset, largest_batch, latency_at,
+                                    measure_step, memory_readings, ratio_rows, row, step_runner, steps_per_s,
+                                    sru_theory_ratio, theory_ratio, time_shares)
 from t2r import state_bytes
 from translate import decode_speed, load_run
-from runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
+from support.runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
 SECTIONS = ("gen", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU

@@ -37,10 +37,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+def command(script) -> list:
+    """How a user runs `script`: a root script by its path (train_lm.py), a module of a folder with -m
+    (experiments.recall), which finds the repository's folders on PYTHONPATH when it runs elsewhere."""
+    return [os.path.join(ROOT, script)] if script.endswith(".py") else ["-m", script]
+
+
 def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     """python <script> <args> in cwd, one CPU thread, as a subprocess; raises with its output if it fails."""
-    env = {**os.environ, **SCRIPT_ENV, **(extra_env or {})}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, env=env, input=stdin,
+    env = {**os.environ, **SCRIPT_ENV, "PYTHONPATH": ROOT, **(extra_env or {})}
+    result = subprocess.run([sys.executable, *command(script), *args], cwd=cwd, env=env, input=stdin,
                             capture_output=True, text=True, timeout=300)
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
@@ -57,7 +63,8 @@ def run_here(monkeypatch, capsys):
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
         capsys.readouterr()
         try:
-            runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+            path = script if script.endswith(".py") else script.replace(".", os.sep) + ".py"  # a module's file
+            runpy.run_path(os.path.join(ROOT, path), run_name="__main__")
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else int(done.code is not None)

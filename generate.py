@@ -8,7 +8,7 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --check                               # recurrent logits against one parallel pass
     python generate.py --step reference                      # t2r.py's step (Eqs. 5-7 as written), not fast_step.py's
     python generate.py --compile --num_tokens 2000           # the fast step through torch.compile
-    python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (hf.py): at most 1024 positions
+    python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
 
 T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k. SRU++ checkpoints
 (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and values of their
@@ -19,14 +19,14 @@ import time
 
 import torch
 
-import data
+from support import data
 from sru import SRUConfig
 from fast_step import CapturedStep, FastStep
 from t2r import fold, state_bytes
 from train_lm import data_identity
-from training import check_identity
-from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
-                     non_negative_float, non_negative_int, positive_int, run_main, seed)
+from support.training import check_identity
+from support.runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
+                             non_negative_float, non_negative_int, positive_int, run_main, seed)
 
 
 def get_args(argv=None):

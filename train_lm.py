@@ -9,7 +9,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     torchrun --nproc_per_node 2 train_lm.py ...     # data parallel (NCCL on GPUs, gloo on CPU)
     python train_lm.py --preset wt103 --dataset wikitext103        # the paper's model, for GPUs
     python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
-    python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (hf.py):
+    python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (support/hf.py):
                                                     # evaluated as it is, converted, finetuned with its tokenizer
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
@@ -23,15 +23,16 @@ import os
 import torch
 import torch.nn.functional as F
 
-import data
-import hf
-from job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset,
-                 check_teacher, load_teacher, main_job, model_name, resolve_run_flags, student_of)
-from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction, increasing_ints,
-                     model_from_checkpoint, non_negative_int, positive_int, run_main, unit_interval, write_json)
+from support import data
+from support import hf
+from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset,
+                         check_teacher, load_teacher, main_job, model_name, resolve_run_flags, student_of)
+from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
+                             increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
+                             unit_interval, write_json)
 from sru import SRUConfig, SRUppLM
 from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, feature_sizes, is_feature_map_parameter
-from training import Task, get_lr
+from support.training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.

@@ -9,7 +9,7 @@ Train a translator, or convert a trained softmax translator's decoder into an RN
     torchrun --nproc_per_node 2 train_mt.py ...     # data parallel (NCCL on GPUs, gloo on CPU)
     echo "Click OK." | python translate.py --ckpt out/mt-libreoffice-en-de-t2r-pretrained/model.pt
 
-The offline corpus is the LibreOffice help in English and German (mt_data.py). The final model averages the
+The offline corpus is the LibreOffice help in English and German (support/mt_data.py). The final model averages the
 last snapshots (model.pt); BLEU comes from translate.py's beam search on recurrent states.
 The loop itself is training.train; this file says what is particular to a translator.
 """
@@ -20,14 +20,14 @@ import os
 import torch
 import torch.nn.functional as F
 
-import mt_data
-from mt_data import PAD_ID
-from job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
-                load_teacher, main_job, model_name, resolve_run_flags, student_of)
-from runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
-                     model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
+from support import mt_data
+from support.mt_data import PAD_ID
+from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
+                         load_teacher, main_job, model_name, resolve_run_flags, student_of)
+from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
+                             model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from t2r import Config, Seq2SeqTransformer, feature_sizes
-from training import Task, get_lr_inverse_sqrt
+from support.training import Task, get_lr_inverse_sqrt
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)

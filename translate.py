@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-import mt_data
-from mt_data import BOS_ID, EOS_ID, PAD_ID
+from support import mt_data
+from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from fast_step import FastStep
 from t2r import fold, reorder_state
-from runtime import (Parser, UserError, atomic_write, device_name, finite_float, get_device, load_checkpoint,
-                     model_from_checkpoint, non_negative_float, positive_int, run_main)
+from support.runtime import (Parser, UserError, atomic_write, device_name, finite_float, get_device, load_checkpoint,
+                             model_from_checkpoint, non_negative_float, positive_int, run_main)
 
 
 # -----------------------------------------------------------------------------

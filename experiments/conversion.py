@@ -1,10 +1,10 @@
 """
 Conversion as it is done since T2R, measured: the default jobs converted four ways, with the same finetuning budget.
 
-    python experiments/conversion.py                 # the language model, then the translator, then the report
-    python experiments/conversion.py --task lm       # only the language model (PTB, train_lm.py's defaults)
-    python experiments/conversion.py --dry_run       # the plan: every run, its command, done or not
-    python experiments/conversion.py --quick         # the same at toy sizes (a few minutes), into out/conversion-quick
+    python -m experiments.conversion                 # the language model, then the translator, then the report
+    python -m experiments.conversion --task lm       # only the language model (PTB, train_lm.py's defaults)
+    python -m experiments.conversion --dry_run       # the plan: every run, its command, done or not
+    python -m experiments.conversion --quick         # the same at toy sizes (a few minutes), into out/conversion-quick
 
 Rows: T2R as in the paper (swap, finetune), + attention transfer before finetuning, + a sliding window, + both.
 Each row is scored three times: right after the swap (no training; evaluated here), after the transfer stage
@@ -15,16 +15,13 @@ results/conversion.md (out/conversion-quick/conversion.md with --quick).
 
 import argparse
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402
+import torch
 
-from runtime import Distributed, atomic_write, resolve_dtype, run_main, write_json  # noqa: E402
-from study import Run, execute, machine, read_json, run_state  # noqa: E402
-from training import training_device  # noqa: E402
+from support.runtime import Distributed, atomic_write, resolve_dtype, run_main, write_json
+from experiments.study import Run, execute, machine, read_json, run_state
+from support.training import training_device
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).
 # Window: 64 tokens of the LM's 512; 8 for the translator, shorter than most target sentences, so that the
@@ -118,7 +115,7 @@ def table(task: str, teacher: Run, students: list) -> list:
 def write_report(path: str, tables: list, quick: bool):
     m = machine()
     text = ["# Conversion since T2R: attention transfer and a sliding window", "",
-            f"`python experiments/conversion.py{' --quick' if quick else ''}` (torch {m['torch']}), report written "
+            f"`python -m experiments.conversion{' --quick' if quick else ''}` (torch {m['torch']}), report written "
             f"{m['date']}. Same finetuning budget in every row (the trainers' defaults); the transfer stage comes on "
             f"top of it.", ""]
     for lines in tables:

@@ -1,9 +1,9 @@
 """
 Convert, or train a fast RNN from scratch? SRU++ (Lei, 2021) beside T2R on the default PTB job, measured.
 
-    python experiments/from_scratch.py               # the runs (finished ones skipped), the bench, the report
-    python experiments/from_scratch.py --dry_run     # the plan: every run, its command, done or not
-    python experiments/from_scratch.py --quick       # toy sizes (a few minutes), into out/from-scratch-quick
+    python -m experiments.from_scratch               # the runs (finished ones skipped), the bench, the report
+    python -m experiments.from_scratch --dry_run     # the plan: every run, its command, done or not
+    python -m experiments.from_scratch --quick       # toy sizes (a few minutes), into out/from-scratch-quick
 
 Rows: the softmax teacher, T2R from scratch, T2R + pretrain (the teacher converted and finetuned), SRU++ with
 attention in every layer and in the top layer only; every model from scratch gets the teacher's budget
@@ -18,11 +18,9 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from runtime import UserError, atomic_write, run_main  # noqa: E402
-from study import Run, execute, machine, read_json, run_state  # noqa: E402
+from support.runtime import UserError, atomic_write, run_main
+from experiments.study import Run, execute, machine, read_json, run_state
 
 # row name -> (train_lm.py flags, the bench.py model that decodes like it)
 ROWS = {
@@ -84,7 +82,7 @@ def bench_values(path: str) -> dict:
 
 def parameters(out_dir: str) -> int:
     """The finished model's parameter count (tied embeddings counted once)."""
-    from runtime import load_checkpoint, model_from_checkpoint
+    from support.runtime import load_checkpoint, model_from_checkpoint
     path = os.path.join(out_dir, "model.pt")
     return sum(p.numel() for p in model_from_checkpoint(load_checkpoint(path), path).parameters())
 
@@ -111,7 +109,7 @@ def table(runs: list, bench_csv: str, lengths: tuple) -> list:
 def write_report(path: str, runs: list, bench_csv: str, lengths: tuple, quick: bool):
     m = machine()
     text = ["# Convert, or train an RNN from scratch: SRU++ beside T2R", "",
-            f"`python experiments/from_scratch.py{' --quick' if quick else ''}` on {m['device']}, torch {m['torch']}, "
+            f"`python -m experiments.from_scratch{' --quick' if quick else ''}` on {m['device']}, torch {m['torch']}, "
             f"report written {m['date']}. Runs: PTB, train_lm.py's defaults; the bench columns: `bench.py` at batch 1 "
             f"with the same width and depth ({os.path.relpath(bench_csv, ROOT)}). Train minutes are wall time over "
             f"the sessions a run took, on a machine that may have done other work beside it: the bench columns, "

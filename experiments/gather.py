@@ -8,15 +8,12 @@ experiments/report.py reads these files alone.
 import csv
 import json
 import os
-import sys
 
 import torch
 from sacrebleu.metrics import BLEU
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from probes import MAIN_K, attention_checkpoints, recall_runs  # noqa: E402
-from study import read_json, shorten, state  # noqa: E402
-from runtime import UserError, write_csv, write_json  # noqa: E402
+from experiments.probes import MAIN_K, attention_checkpoints, recall_runs
+from experiments.study import read_json, shorten, state
+from support.runtime import UserError, write_csv, write_json
 
 
 # -----------------------------------------------------------------------------
@@ -206,7 +203,7 @@ def mt_pair_rows(runs: list) -> list:
 
 def test_references(out_dir: str) -> list:
     """The references a run's test.hyp translates: its corpus's test split, as many sentences as it scored."""
-    import mt_data
+    from support import mt_data
     args = read_json(os.path.join(out_dir, "args.json"))
     corpus = mt_data.load_parallel(args["dataset"], args["src"], args["tgt"], args.get("data_dir"))
     return [target for _, target in corpus["test"][: args.get("bleu_sentences") or None]]

@@ -2,8 +2,8 @@
 What GPT-2 (124M) costs as a T2R model: its memory from the shapes, and its CPU speed with random weights of its
 exact shape (speed does not depend on the weights' values), so that it runs with no download.
 
-    python experiments/gpt2_cost.py                  # memory, one finetuning step, decoding 1024 tokens
-    python experiments/gpt2_cost.py --memory_only    # the memory alone (instant: nothing is allocated)
+    python -m experiments.gpt2_cost                  # memory, one finetuning step, decoding 1024 tokens
+    python -m experiments.gpt2_cost --memory_only    # the memory alone (instant: nothing is allocated)
 
 Memory: float32 weights, their gradients and AdamW's two moments (what finetuning holds before activations), and
 one sequence's generation state: T2R's S and z (the same at every length) against softmax's keys and values.
@@ -11,20 +11,16 @@ Speed: one finetuning step (forward, backward, AdamW) at batch 1 x 512 tokens, t
 warm-up; greedy decoding of 1024 tokens at batch 1, softmax with its KV cache against T2R folded (Eq. 8).
 """
 
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import hf  # noqa: E402
-from bench import generate, latency_at  # noqa: E402
-from runtime import Parser, positive_int, run_main  # noqa: E402
-from t2r import Config, TransformerLM, convert, fold, state_bytes  # noqa: E402
-from training import make_optimizer  # noqa: E402
+from support import hf
+from bench import generate, latency_at
+from support.runtime import Parser, positive_int, run_main
+from t2r import Config, TransformerLM, convert, fold, state_bytes
+from support.training import make_optimizer
 
 FEATURE_SIZE = 32  # T2R's k, as in the paper
 LENGTH = 1024  # GPT-2's last position

@@ -9,12 +9,8 @@ machine and date at its foot:
 """
 
 import math
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from claims import group, model_name  # noqa: E402
-from runtime import atomic_write  # noqa: E402
+from experiments.claims import group, model_name
+from support.runtime import atomic_write
 
 
 def new_figure(ncols: int, width: float, nrows: int = 1):

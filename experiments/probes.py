@@ -3,27 +3,25 @@ What the study measures on a trained run, beside its perplexity or BLEU: each pr
 and writes one small file into its folder, right after the run trains, so that a later session needs the results
 and never the weights (experiments/records.py keeps the results in the repository, not the weights).
 
-    attention.csv  analyze_attention.py: the entropy of its attention (Fig. 6) and, for a model converted from the
+    attention.csv  experiments/analyze_attention.py: the entropy of its attention (Fig. 6) and, for a model converted from the
                    teacher, the distance to the teacher's (Fig. 5); the teacher's own file adds the teacher
                    swapped to T2R at every k, before any finetuning
     recall.csv     experiments/recall.py: how well it continues a span repeated D tokens later
     speed.json     translate.measure_run: a translator's greedy tokens/s at batch 16 on its test sentences
 
-    python experiments/probes.py speed out/study/mt/t2r-pretrained-s0    # the speed probe alone, on one run
+    python -m experiments.probes speed out/study/mt/t2r-pretrained-s0    # the speed probe alone, on one run
 """
 
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from runtime import Parser, UserError, get_device, run_main, write_json  # noqa: E402
+from support.runtime import Parser, UserError, get_device, run_main, write_json
 
 FEATURE_SIZES = (4, 8, 16, 32, 64)  # Fig. 4's k, and the "before finetuning" points of Fig. 5
 MAIN_K = 32  # T2R's k in Table 1
 RECALL_ROWS = (("softmax", "random"), ("t2r", "pretrained"), ("t2r-window", "pretrained"), ("sru++", "random"))
 ATTENTION_STAGES = {("t2r", "pretrained"): "finetuned", ("t2r-frozen", "pretrained"): "mlp_frozen",
-                    ("t2r", "random"): "random_init"}  # (model, init) -> the stage analyze_attention.py names
+                    ("t2r", "random"): "random_init"}  # (model, init) -> the stage experiments/analyze_attention.py names
 SPEED_BATCH = 16  # Fig. 2: greedy decoding, batch 16
 SPEED_PASSES = 3  # over the whole test set; tokens/s is their median, their range the noise
 
@@ -52,18 +50,18 @@ def attention_probe(run, teacher, stage: str | None, quick: bool) -> tuple:
     else:
         models = [os.path.join(run.out_dir, "ckpt.pt")] + (["--teacher", teacher_ckpt] if stage != "random_init"
                                                             else [])
-    return "attention.csv", [os.path.join(ROOT, "analyze_attention.py"), *models, *windows, "--csv", path]
+    return "attention.csv", ["-m", "experiments.analyze_attention", *models, *windows, "--csv", path]
 
 
 def recall_probe(run, quick: bool) -> tuple:
     sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
-    return "recall.csv", [os.path.join(ROOT, "experiments", "recall.py"), "--ckpt",
+    return "recall.csv", ["-m", "experiments.recall", "--ckpt",
                           os.path.join(run.out_dir, "model.pt"), *sizes,
                           "--out", os.path.join(run.out_dir, "recall.csv")]
 
 
 def speed_probe(run) -> tuple:
-    return "speed.json", [os.path.abspath(__file__), "speed", run.out_dir]
+    return "speed.json", ["-m", "experiments.probes", "speed", run.out_dir]
 
 
 def add_probes(lm_plan: list, mt_plan: list, quick: bool):
@@ -81,7 +79,7 @@ def add_probes(lm_plan: list, mt_plan: list, quick: bool):
 
 def measure_speed(out_dir: str):
     """speed.json: greedy tokens/s at batch 16 on the run's test sentences, the median of three passes."""
-    from records import machine
+    from experiments.records import machine
     from translate import measure_run
     if not os.path.isfile(os.path.join(out_dir, "model.pt")):
         raise UserError(f"no model.pt in {out_dir}: give the folder of a finished train_mt.py run")
@@ -93,7 +91,7 @@ def measure_speed(out_dir: str):
 
 
 def main(argv=None):
-    p = Parser(prog="experiments/probes.py", description="A probe of one finished run (the study runs them all).")
+    p = Parser(prog="python -m experiments.probes", description="A probe of one finished run (the study runs them all).")
     p.add_argument("probe", choices=["speed"], help="speed: a translator's greedy tokens/s (speed.json)")
     p.add_argument("out_dir", help="the finished train_mt.py run's folder")
     args = p.parse_args(argv)

@@ -2,8 +2,8 @@
 What a fixed-size state forgets: a span of validation text shown once, then repeated D tokens later. A model that
 remembers the span continues the repeat exactly; one whose state has lost it can only guess as on first reading.
 
-    python experiments/recall.py --ckpt out/ptb-softmax-random/model.pt --ckpt out/conversion/lm-t2r/model.pt
-    python experiments/recall.py --ckpt ... --distances 8,32,128,512,2048 --span 16 --out results/recall.csv
+    python -m experiments.recall --ckpt out/ptb-softmax-random/model.pt --ckpt out/conversion/lm-t2r/model.pt
+    python -m experiments.recall --ckpt ... --distances 8,32,128,512,2048 --span 16 --out results/recall.csv
 
 For each distance D and each of --samples places in the validation split: x = span, the D tokens that follow it
 in the text, the span again. Accuracy: how often the model's top prediction is the next token of the span, over
@@ -16,17 +16,15 @@ length a model was trained on (the study: 512 tokens), its positions are new to 
 import argparse
 import json
 import os
-import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from generate import load_tokenizer  # noqa: E402
-from runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,  # noqa: E402
-                     positive_int, run_main, seed, write_csv)
+from generate import load_tokenizer
+from support.runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
+                                                 positive_int, run_main, seed, write_csv)
 
 COLUMNS = ["model", "distance", "span", "samples", "repeat_accuracy", "first_accuracy"]
 
@@ -64,7 +62,7 @@ def name_of(path: str, checkpoint: dict) -> str:
 
 
 def main(argv=None):
-    p = Parser(prog="experiments/recall.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="python -m experiments.recall", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt", action="append", required=True, help="a language model's model.pt (repeat the flag)")
     p.add_argument("--distances", default="8,32,128,512,2048", help="tokens between the span and its repeat")
     p.add_argument("--span", type=positive_int, default=16, help="tokens in the span (at least 2)")

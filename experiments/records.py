@@ -13,7 +13,7 @@ import platform
 import shutil
 import time
 
-from runtime import atomic_write, write_json
+from support.runtime import atomic_write, write_json
 
 KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "recall.csv", "speed.json",
         "valid.hyp", "test.hyp")

@@ -8,8 +8,8 @@ experiments/study.py) and writes
     results/feature_size.png    Fig. 4 at CPU scale
     results/attention.png       Figs. 5 and 6 at CPU scale
 
-    python experiments/report.py                     # from results/
-    python experiments/report.py --results out/study-quick/results
+    python -m experiments.report                     # from results/
+    python -m experiments.report --results out/study-quick/results
 
 No run folder is read: the committed CSVs are enough to regenerate the page.
 """
@@ -19,15 +19,13 @@ import csv
 import json
 import math
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,  # noqa: E402
-                    half_range, model_name, verdict_legend)
-from plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall  # noqa: E402
-from runtime import UserError, atomic_write, run_main  # noqa: E402
+from experiments.claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,
+                                                   half_range, model_name, verdict_legend)
+from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall
+from support.runtime import UserError, atomic_write, run_main
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
 LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pretrained"), ("rfa", "pretrained"),
@@ -57,7 +55,7 @@ def cell(text: str):
 
 def read_csv(path: str) -> list:
     if not os.path.isfile(path):
-        raise UserError(f"no {path}: run python experiments/study.py first (or pass --results)")
+        raise UserError(f"no {path}: run python -m experiments.study first (or pass --results)")
     with open(path, newline="") as f:
         return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
@@ -300,7 +298,7 @@ def results_page(results: dict, claims: list) -> list:
             "# The paper's findings at CPU scale", "",
             "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU, and "
             f"each of the paper's claims checked against our numbers: **{held_count(claims)} held**. Produced by "
-            f"{provenance(machine)}. `python experiments/report.py` rewrites this page from the files beside it.", "",
+            f"{provenance(machine)}. `python -m experiments.report` rewrites this page from the files beside it.", "",
             *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "

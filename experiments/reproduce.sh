@@ -8,4 +8,4 @@
 # flags go to experiments/study.py (try --dry_run, --quick, --jobs 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python experiments/study.py --jobs 2 "$@"
+python -m experiments.study --jobs 2 "$@"

@@ -2,9 +2,9 @@
 The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs. 5-6 and Table 2 at CPU scale.
 
     bash experiments/reproduce.sh                    # everything: the runs, then the CSVs, plots and results/README.md
-    python experiments/study.py --stage lm           # only the language-model runs (Table 1, Fig. 4)
-    python experiments/study.py --dry_run            # print the plan: every run, its command, done or not
-    python experiments/study.py --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
+    python -m experiments.study --stage lm           # only the language-model runs (Table 1, Fig. 4)
+    python -m experiments.study --dry_run            # print the plan: every run, its command, done or not
+    python -m experiments.study --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
 
 Every run is a plain train_lm.py / train_mt.py command with its own out_dir, followed by its probes
 (experiments/probes.py: the attention analysis, the recall probe, a translator's speed), which read its weights
@@ -33,11 +33,10 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from t2r import Config, feature_sizes  # noqa: E402
-from runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json  # noqa: E402
-from probes import FEATURE_SIZES, MAIN_K, add_probes  # noqa: E402
-from records import Records, machine, weights_of  # noqa: E402
+from t2r import Config, feature_sizes
+from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
+from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
+from experiments.records import Records, machine, weights_of
 
 # -----------------------------------------------------------------------------
 # The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64
@@ -420,9 +419,9 @@ def main(argv=None):
     if args.stage in plans:
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
-        from gather import gather
+        from experiments.gather import gather
         gather(results_dir, lm_plan, mt_plan, args.quick)
-        import report
+        from experiments import report
         report.write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
 

@@ -2,12 +2,11 @@
 is the teacher's, the error is zero where linear attention is given softmax's weights, only the feature maps and
 window gates learn, and the error falls; then the transfer stage and --window in both trainers.
 
-    python -m pytest -q -s test_transfer.py
+    python -m pytest -q -s tests/test_transfer.py
 """
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ import torch
 import t2r
 import train_lm
 import train_mt
-from conftest import MT_TINY, ROOT, TINY, assert_flags_refused, report, run, write_corpus
-from runtime import write_json
+from conftest import MT_TINY, TINY, assert_flags_refused, report, run, write_corpus
+from support.runtime import write_json
 from t2r import Seq2SeqTransformer, TransformerLM
 from test_t2r import lm_config, make, mt_config
 
@@ -185,8 +184,7 @@ def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
 
 
 def test_the_conversion_report_reads_each_rows_three_scores(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
-    import conversion
+    from experiments import conversion
     teacher, students = conversion.plan("lm", str(tmp_path), quick=True)
     assert [r.flags.get("transfer_steps", 0) > 0 for r in students] == [False, True, False, True]
     assert [r.flags.get("window", 0) > 0 for r in students] == [False, False, True, True]

@@ -2,8 +2,8 @@
 Attention analysis of section 4 (Figs. 5 and 6): how close a converted model's attention distributions
 are to its softmax teacher's, and how peaky they are.
 
-    python analyze_attention.py out/ptb-t2r-pretrained/ckpt.pt --teacher out/ptb-softmax-random/ckpt.pt
-    python analyze_attention.py out/ptb-t2r-pretrained/ckpt.pt --teacher out/ptb-softmax-random/ckpt.pt \\
+    python -m experiments.analyze_attention out/ptb-t2r-pretrained/ckpt.pt --teacher out/ptb-softmax-random/ckpt.pt
+    python -m experiments.analyze_attention out/ptb-t2r-pretrained/ckpt.pt --teacher out/ptb-softmax-random/ckpt.pt \\
         --before 32 --csv attention.csv     # also the teacher swapped to T2R (k=32) before any finetuning
 
 On `--windows` disjoint validation windows of `--context` tokens, each model predicts the next word after
@@ -25,10 +25,10 @@ import os
 import numpy as np
 import torch
 
-import data
+from support import data
 from t2r import convert, feature_sizes
-from runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint, print_config,
-                     run_main, seed, write_csv)
+from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
+                             print_config, run_main, seed, write_csv)
 
 
 # -----------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def load_lm(path: str, device):
 # -----------------------------------------------------------------------------
 
 def get_args(argv=None):
-    p = Parser(prog="analyze_attention.py", description="Distance to the teacher's attention and entropy (Figs. 5-6).")
+    p = Parser(prog="python -m experiments.analyze_attention", description="Distance to the teacher's attention and entropy (Figs. 5-6).")
     p.add_argument("checkpoints", nargs="*", help="language-model checkpoints (ckpt.pt) to analyse")
     p.add_argument("--teacher", default=None, help="the softmax checkpoint they were converted from (for distances)")
     p.add_argument("--before", type=int, nargs="*", default=[], metavar="K",
@@ -197,7 +197,7 @@ def analyse(args) -> list[dict]:
 
 def main():
     args = get_args()
-    print_config("analyze_attention.py", {k: v for k, v in vars(args).items()})
+    print_config("experiments.analyze_attention", {k: v for k, v in vars(args).items()})
     rows = analyse(args)
     if args.csv:
         write_csv(args.csv, rows)

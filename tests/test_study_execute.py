@@ -12,10 +12,8 @@ import time
 import pytest
 
 from conftest import ROOT
-
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import study  # noqa: E402
-from records import Records  # noqa: E402
+from experiments import study
+from experiments.records import Records
 
 # A stand-in for train_lm.py: notes when it ran, whether its teacher was done and how many Ctrl-Cs it got (a real
 # run saves on the first and quits without saving on a second), then writes its results or exits 130.
@@ -50,10 +48,8 @@ with open(os.path.join(out, "results.json"), "w") as f:
 
 # The study itself on such a plan, in a process of its own, to be interrupted
 DRIVER = """
-import sys
-sys.path[:0] = [{root!r}, {experiments!r}]
-import study
-from runtime import run_main
+from experiments import study
+from support.runtime import run_main
 run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": 60, **flags, "out_dir": {tmp!r} + "/" + name}})
 run_main(lambda: study.execute([run("teacher"), run("other")], dry_run=False, jobs=2))
 """
@@ -114,7 +110,7 @@ def test_a_finished_run_the_plan_has_changed_since_is_refused(tmp_path, kept_in)
 
 
 def test_output_into_a_closed_pipe_stops_without_a_traceback():
-    printer = subprocess.Popen([sys.executable, "-c", "from runtime import run_main\n"
+    printer = subprocess.Popen([sys.executable, "-c", "from support.runtime import run_main\n"
                                 "run_main(lambda: [print(i, flush=True) for i in range(10**6)])"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     printer.stdout.readline()
@@ -134,11 +130,10 @@ def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tm
     """As Ctrl-C in a terminal, or `kill -INT` of a study started with `nohup ... &`, where the shell makes the
     study start with SIGINT ignored. The runs have sessions of their own: the study passes the signal on once."""
     fake_plan(tmp_path, seconds=60)  # writes the stand-in trainer
-    driver = DRIVER.format(root=ROOT, experiments=os.path.join(ROOT, "experiments"),
-                           script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path))
+    driver = DRIVER.format(script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path))
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_in_the_background else None
-    process = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=ignore)
+    process = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
     deadline = time.time() + 30
     while not all((tmp_path / name / "started").exists() for name in ("teacher", "other")):
         assert time.time() < deadline and process.poll() is None, process.communicate()

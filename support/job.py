@@ -13,12 +13,12 @@ import sys
 import torch
 import torch.distributed as dist
 
-from hf import is_hf
-from runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
-                     non_negative_float, non_negative_int, positive_float, positive_int, print_config, serializable,
-                     seed, setup_distributed, take_saved_flags)
+from support.hf import is_hf
+from support.runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
+                             non_negative_float, non_negative_int, positive_float, positive_int, print_config,
+                             serializable, seed, setup_distributed, take_saved_flags)
 from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
-from training import evaluate_finished, train
+from support.training import evaluate_finished, train
 
 
 # -----------------------------------------------------------------------------

@@ -2,27 +2,24 @@
 positions (an oracle scores 1, a model one token late scores 0), the script runs on trained models, and the report
 says when the teacher itself does not copy.
 
-    python -m pytest -q -s test_recall.py
+    python -m pytest -q -s tests/test_recall.py
 """
 
 import csv
 import os
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import job
+from support import job
 import train_lm
-from conftest import ROOT, run, write_corpus
-from runtime import UserError
-
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import gather  # noqa: E402
-import recall  # noqa: E402
-import report  # noqa: E402
-import study  # noqa: E402
+from conftest import run, write_corpus
+from support.runtime import UserError
+from experiments import gather
+from experiments import recall
+from experiments import report
+from experiments import study
 
 SPAN, DISTANCE, V = 5, 7, 50
 
@@ -61,7 +58,7 @@ def test_the_script_probes_every_model_on_the_same_sequences(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)  # the two models trained in this process, for speed
     for extra in (["--out_dir", "softmax"], ["--attn", "t2r", "--feature_size", "4", "--out_dir", "t2r"]):
         job.main_job(train_lm.LMTask, train_lm.get_args([*flags, *extra]))
-    out = run("experiments/recall.py", "--ckpt", "softmax/model.pt", "--ckpt", "t2r/model.pt", "--distances", "4,16",
+    out = run("experiments.recall", "--ckpt", "softmax/model.pt", "--ckpt", "t2r/model.pt", "--distances", "4,16",
               "--samples", "8", "--span", "4", "--out", "recall.csv", cwd=tmp_path).stdout
     print(out)
     with open(tmp_path / "recall.csv", newline="") as f:

@@ -1,6 +1,6 @@
 """The instruments of bench.py: the floors (models whose self-attention is removed, or reduced to its
 projections), a row of a measurement and the theory of the state sizes, a step timer, memory readings and a
-peak-memory tracer for CPU training (bench.md, "How it measures", says what each number is). bench_report.py
+peak-memory tracer for CPU training (bench.md, "How it measures", says what each number is). benchmarks/bench_report.py
 writes the report."""
 
 import copy

@@ -26,9 +26,9 @@ from typing import Callable
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-import data
-from data import DataError
-from runtime import atomic_write
+from support import data
+from support.data import DataError
+from support.runtime import atomic_write
 
 SPLITS = ("train", "valid", "test")
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")

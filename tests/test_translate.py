@@ -1,7 +1,7 @@
 """Tests of translate.py: greedy and beam search on recurrent states against brute-force references
 (recomputing the prefix, rescoring in parallel, one sentence at a time), BLEU, and the command line.
 
-    python -m pytest -q -s test_translate.py
+    python -m pytest -q -s tests/test_translate.py
 """
 
 import os
@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-import mt_data
+from support import mt_data
 import t2r
 import translate
 from conftest import ROOT, assert_one_line_error, report, run, tiny_translator
-from mt_data import EOS_ID, PAD_ID
+from support.mt_data import EOS_ID, PAD_ID
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 

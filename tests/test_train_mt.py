@@ -1,8 +1,8 @@
-"""Tests of the translator's data (mt_data.py: the corpus extractor and loaders) and of train_mt.py end to end
+"""Tests of the translator's data (support/mt_data.py: the corpus extractor and loaders) and of train_mt.py end to end
 on a tiny corpus: the main job, exact resume, DDP, snapshot averaging and the one-line errors.
 Decoding is tested in test_translate.py.
 
-    python -m pytest -q -s test_train_mt.py
+    python -m pytest -q -s tests/test_train_mt.py
 
 CPU, tiny sizes, no downloads: the LibreOffice packages and Multi30k are faked.
 """
@@ -15,14 +15,14 @@ import shutil
 import pytest
 import torch
 
-import job
-import mt_data
+from support import job
+from support import mt_data
 import train_mt as train_mt_module
 import translate
 from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
                       tiny_translator, write_parallel)
-from mt_data import BOS_ID, EOS_ID
-from runtime import serializable
+from support.mt_data import BOS_ID, EOS_ID
+from support.runtime import serializable
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 

@@ -6,9 +6,9 @@ import os
 import torch
 import torch.nn as nn
 
-from bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
+from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from fast_step import CapturedStep, FastStep
-from runtime import load_checkpoint
+from support.runtime import load_checkpoint
 from sru import SRUConfig, SRUppLM
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
 

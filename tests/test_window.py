@@ -2,7 +2,7 @@
 linear-memory form against the quadratic reference, the recurrent step against both, the limits W >= T
 (softmax, against scaled_dot_product_attention) and W = 0 (plain linear attention), in float64 with gradients.
 
-    python -m pytest -q -s test_window.py
+    python -m pytest -q -s tests/test_window.py
 """
 
 import pytest

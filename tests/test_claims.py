@@ -1,23 +1,19 @@
 """Tests of the study's verdicts (experiments/claims.py) on made-up rows: each claim can say yes, **no**, within
 noise or inconclusive, and the statistics behind them agree with their textbook formulas.
 
-    python -m pytest -q -s test_claims.py
+    python -m pytest -q -s tests/test_claims.py
 """
 
 import json
-import os
-import sys
 
 import pytest
 import sacrebleu
 
-from conftest import ROOT, write_parallel
-
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import claims  # noqa: E402
-import gather  # noqa: E402
-import study  # noqa: E402
-import report as study_report  # noqa: E402
+from conftest import write_parallel
+from experiments import claims
+from experiments import gather
+from experiments import study
+from experiments import report as study_report
 
 
 def lm_row(model, init, test, seed=0, k=32, minutes=1.0):

@@ -1,7 +1,7 @@
 """End-to-end tests of train_lm.py and generate.py on a tiny corpus: the main job, exact resume, DDP,
 and the one-line errors. Each runs the scripts as a user would, in a fresh folder.
 
-    python -m pytest -q -s test_train_lm.py
+    python -m pytest -q -s tests/test_train_lm.py
 """
 
 import json
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import generate
-import job
-import runtime
+from support import job
+from support import runtime
 import train_lm
-import training
+from support import training
 from t2r import Config, TransformerLM, fold
 
 from conftest import ROOT, TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
@@ -375,7 +375,7 @@ def test_a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file(tmp_path, m
 
 
 def test_a_table_written_over_a_folder_is_a_one_line_error(tmp_path):
-    (tmp_path / "table.csv").mkdir()  # e.g. analyze_attention.py --csv DIR
+    (tmp_path / "table.csv").mkdir()  # e.g. experiments/analyze_attention.py --csv DIR
     with pytest.raises(runtime.UserError, match="could not write .*table.csv"):
         runtime.write_csv(str(tmp_path / "table.csv"), [{"a": 1}])
     assert os.listdir(tmp_path) == ["table.csv"]  # no temporary file left beside it

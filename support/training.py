@@ -4,7 +4,7 @@ The training loop of both trainers: train(task).
     resume exactly, gradient accumulation, DDP, logging, evaluate and save every --eval_interval, --stop_at,
     one run per out_dir (a lock), a NaN guard, Ctrl-C that saves, and the run's identity in every checkpoint
 
-train_lm.py and train_mt.py each define a Task: their data, their loss, their evaluation, their model; job.py
+train_lm.py and train_mt.py each define a Task: their data, their loss, their evaluation, their model; support/job.py
 runs it (one run, or the conversion of section 2.2). Also here: the learning-rate schedules and the optimizer.
 """
 
@@ -26,9 +26,9 @@ except ImportError:
     fcntl = None
 
 from t2r import attention_transfer, linear_attention_layers
-from runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng, get_device,
-                     load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
-                     serializable, set_rng_state, unwrap, write_json)
+from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
+                             get_device, load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state,
+                             save_checkpoint, serializable, set_rng_state, unwrap, write_json)
 
 
 # -----------------------------------------------------------------------------

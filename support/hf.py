@@ -6,7 +6,7 @@ learned positions, the tanh GELU and an unscaled token embedding (the switches o
     python train_lm.py --init pretrained --pretrained hf:./gpt2   # a folder of config.json, model.safetensors and
                                                                   # tokenizer.json (or pytorch_model.bin)
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt --prompt "the company said"
-    python experiments/gpt2_cost.py                               # its memory and CPU speed as T2R
+    python -m experiments.gpt2_cost                               # its memory and CPU speed as T2R
 """
 
 import json
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from runtime import UserError
+from support.runtime import UserError
 from t2r import Config, TransformerLM
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER

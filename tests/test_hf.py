@@ -1,8 +1,8 @@
-"""Tests of hf.py: a Hugging Face GPT-2 read into t2r.TransformerLM computes transformers' own logits and gradients,
+"""Tests of support/hf.py: a Hugging Face GPT-2 read into t2r.TransformerLM computes transformers' own logits and gradients,
 converts, finetunes and generates like a teacher of ours, and every bad input is a one-line error. A tiny random GPT-2
 (conftest.tiny_gpt2) stands in for the real one: no network.
 
-    python -m pytest -q -s test_hf.py
+    python -m pytest -q -s tests/test_hf.py
 """
 
 import argparse
@@ -19,17 +19,15 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-import generate  # noqa: E402
-import hf  # noqa: E402
-import job  # noqa: E402
-import runtime  # noqa: E402
-import t2r  # noqa: E402
-import train_lm  # noqa: E402
-from conftest import ROOT, assert_flags_refused, assert_one_line_error, lm_config, report, run, step_all  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-
-sys.path.insert(0, f"{ROOT}/experiments")
-import gpt2_cost  # noqa: E402
+import generate
+from support import hf
+from support import job
+from support import runtime
+import t2r
+import train_lm
+from conftest import assert_flags_refused, assert_one_line_error, lm_config, report, run, step_all
+from safetensors.torch import load_file, save_file
+from experiments import gpt2_cost
 
 # train_lm.py flags for the tiny GPT-2: its sizes come from its config.json
 FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",

@@ -35,7 +35,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from runtime import atomic_write
+from support.runtime import atomic_write
 
 try:
     import fcntl  # file locks, POSIX only: Windows simply goes without

@@ -1,6 +1,6 @@
 """
 bench.py runs end to end (--quick, into out/bench-quick) and writes what its docstring promises; its instruments
-(bench_tools.py, bench_report.py) and its ratios are right; bad flags are one-line errors.
+(benchmarks/bench_tools.py, benchmarks/bench_report.py) and its ratios are right; bad flags are one-line errors.
 
     python -m pytest -q test_bench.py        # about 50 s on a 2-core CPU, more on a slower machine
 """
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import bench
-import bench_report
-import bench_tools
+from benchmarks import bench_report
+from benchmarks import bench_tools
 from conftest import assert_one_line_error, run
 from fast_step import FastStep
 from sru import SRUConfig
@@ -246,7 +246,7 @@ def test_an_out_dir_that_is_a_file_is_refused_before_any_work(run_here, tmp_path
 def translator_run(folder, kind):
     """A finished train_mt.py run folder (model.pt, args.json) holding a tiny random translator of `kind`."""
     import json
-    import mt_data
+    from support import mt_data
     from conftest import write_parallel
     from t2r import Seq2SeqTransformer
     corpus = write_parallel(str(folder / "toy"), n=(60, 10, 25))

@@ -1,7 +1,7 @@
-"""Tests of data.py: corpora, tokenizers, the token cache, the WikiText-103 download (on a fake archive,
+"""Tests of support/data.py: corpora, tokenizers, the token cache, the WikiText-103 download (on a fake archive,
 never the network) and the batches. CPU, a few seconds.
 
-    python -m pytest -q -s test_data.py
+    python -m pytest -q -s tests/test_data.py
 """
 
 import hashlib
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
+from conftest import ROOT
+from support import data
 
 
 @pytest.fixture(autouse=True)
@@ -135,10 +136,10 @@ def test_cache_is_reused_and_rebuilt_when_damaged(tmp_path, monkeypatch):
 def test_concurrent_prepare_builds_once(tmp_path):
     """torchrun's ranks call prepare() at the same moment: one builds, the others wait and load."""
     corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
-    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import data; "
+    code = (f"from support import data; "
             f"lm = data.prepare({corpus!r}, tokenizer='bpe', vocab_size=280, cache_dir={cache!r}); "
             f"print('tokens', len(lm.train), int(lm.train.sum()))")
-    runs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=120) for run in runs]
     assert all(run.returncode == 0 for run in runs), outputs

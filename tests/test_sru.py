@@ -2,7 +2,7 @@
 form (outputs and gradients, float64), alpha = 0 against the projection variant, the state, the config; then
 SRU++ through the scripts: train_lm.py --arch sru++ resumes exactly, generate.py samples from it, bad flags.
 
-    python -m pytest -q -s test_sru.py
+    python -m pytest -q -s tests/test_sru.py
 """
 
 import json
@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-import job
+from support import job
 import sru
 import train_lm
 from conftest import assert_flags_refused, assert_one_line_error, report, run, write_corpus

@@ -1,33 +1,30 @@
-"""Tests of the reproduction study's own code: the attention analysis (analyze_attention.py), the plan and
+"""Tests of the reproduction study's own code: the attention analysis (experiments/analyze_attention.py), the plan and
 its bookkeeping (experiments/study.py: run states, gathering the CSVs), the speed probe (translate.measure_run)
 and the report (experiments/report.py: tables, plots and the page; the verdicts themselves: test_claims.py). The
 report is tested on made-up run folders and CSVs; no number here is the study's, except in the test that
 regenerates the committed results page from the committed CSVs.
 
-    python -m pytest -q -s test_study.py
+    python -m pytest -q -s tests/test_study.py
 """
 
 import csv
 import json
 import math
 import os
-import sys
 
 import pytest
 import torch
 
-import analyze_attention
-import mt_data
+from experiments import analyze_attention
+from support import mt_data
 from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
-from runtime import UserError
+from support.runtime import UserError
 from t2r import Config, Seq2SeqTransformer, TransformerLM
 from translate import decode_speed, greedy_decode, measure_run
-
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import report as study_report  # noqa: E402  (conftest's report() prints a difference)
-import gather  # noqa: E402
-import probes  # noqa: E402
-import study  # noqa: E402
+from experiments import report as study_report  # conftest's report() prints a difference
+from experiments import gather
+from experiments import probes
+from experiments import study
 
 
 # -----------------------------------------------------------------------------
@@ -88,7 +85,7 @@ def test_last_query_attention_reproduces_each_layers_output(kind):
 
 
 # -----------------------------------------------------------------------------
-# analyze_attention.py as a user runs it
+# experiments/analyze_attention.py as a user runs it
 
 @pytest.fixture(scope="module")
 def tiny_teacher(tmp_path_factory):
@@ -105,7 +102,7 @@ def test_analyze_attention_end_to_end(tiny_teacher, tmp_path):
     run("train_lm.py", *TINY, *common, "--max_steps", "2", "--init", "pretrained", "--pretrained", teacher,
         "--out_dir", student_dir, cwd=tmp_path)
     table = str(tmp_path / "attention.csv")
-    result = run("analyze_attention.py", os.path.join(student_dir, "ckpt.pt"), "--teacher", teacher,
+    result = run("experiments.analyze_attention", os.path.join(student_dir, "ckpt.pt"), "--teacher", teacher,
                  "--before", "4", "8", "--windows", "3", "--context", "32", "--csv", table, cwd=tmp_path)
     print(result.stdout[-600:])
     with open(table) as f:
@@ -154,7 +151,7 @@ def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path)
     (["ckpt.pt", "--before", "8"], "--before converts the --teacher"),
     ([], "give at least one checkpoint")])
 def test_analyze_attention_errors_are_one_line(run_here, tmp_path, argv, message):
-    assert_one_line_error(run_here("analyze_attention.py", *argv, cwd=tmp_path), message)
+    assert_one_line_error(run_here("experiments.analyze_attention", *argv, cwd=tmp_path), message)
 
 
 # -----------------------------------------------------------------------------
@@ -267,7 +264,7 @@ def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
-    result = run("experiments/study.py", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
+    result = run("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
     assert "44 runs, 0 already done" in result.stdout  # the language models and the translators
     assert "[36/44] t2r-random-k64-s0: todo" in result.stdout
@@ -275,8 +272,8 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("script, argv, message", [
-    ("experiments/probes.py", ["speed", "nowhere"], "no model.pt in nowhere: give the folder of a finished train_mt.py"),
-    ("experiments/report.py", ["--results", "."], "lm_ptb.csv: run python experiments/study.py first"),
+    ("experiments.probes", ["speed", "nowhere"], "no model.pt in nowhere: give the folder of a finished train_mt.py"),
+    ("experiments.report", ["--results", "."], "lm_ptb.csv: run python -m experiments.study first"),
 ])
 def test_study_and_report_errors_are_one_line(run_here, tmp_path, script, argv, message):
     assert_one_line_error(run_here(script, *argv, cwd=tmp_path), message)
@@ -401,7 +398,7 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     a partial study gives a page of what there is, and a summary short enough for the top-level README."""
     for name, lines in MADE_UP_CSVS.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
-    result = run("experiments/report.py", "--results", str(tmp_path), cwd=tmp_path)
+    result = run("experiments.report", "--results", str(tmp_path), cwd=tmp_path)
     text, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
     print(text, result.stdout)
     assert "| T2R + pretrain | 32 | 1 | 112.00 | 107.00 | 2.00 | 19.0 / 19.6 |" in text
@@ -420,7 +417,7 @@ def test_a_page_without_attention_rows_links_no_attention_figure(tmp_path):
     """Before the attention analysis has run, its CSV has a header only: no plot is drawn, so none is linked."""
     for name, lines in MADE_UP_CSVS.items():
         (tmp_path / name).write_text("\n".join(lines[:1] if name == "attention.csv" else lines) + "\n")
-    run("experiments/report.py", "--results", str(tmp_path), cwd=tmp_path)
+    run("experiments.report", "--results", str(tmp_path), cwd=tmp_path)
     text = (tmp_path / "README.md").read_text()
     assert not (tmp_path / "attention.png").exists() and "attention.png" not in text
     assert "(feature_size.png)" in text

@@ -2,7 +2,7 @@
 adaptive input and softmax of the WikiText-103 model (section 3.2.1), the latter against torch's own
 AdaptiveLogSoftmaxWithLoss loaded with the same weights.
 
-    python -m pytest -q -s test_paper_models.py
+    python -m pytest -q -s tests/test_paper_models.py
 """
 
 import pytest

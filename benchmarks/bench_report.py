@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from bench_tools import EQ_6_7_OPS, TIME_PARTS, row
-from runtime import atomic_write, write_csv
+from benchmarks.bench_tools import EQ_6_7_OPS, TIME_PARTS, row
+from support.runtime import atomic_write, write_csv
 
 CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit", "device"]
 
