@@ -38,7 +38,8 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     sru_theory_ratio, theory_ratio, time_shares)
 from t2r import state_bytes
 from translate import decode_speed, load_run
-from support.runtime import Parser, UserError, is_sru, load_checkpoint, non_negative_int, run_main, seed
+from support.runtime import (Parser, UserError, decoding_kernels, is_sru, load_checkpoint, non_negative_int, run_main,
+                             seed)
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
 SECTIONS = ("gen", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU
@@ -401,6 +402,7 @@ def bench_training(section, args, rows):
 
 def main(argv=None):
     args = get_args(argv)
+    decoding_kernels()
     command = "python bench.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -28,7 +28,7 @@ TINY = ["--n_layer", "2", "--n_head", "2", "--d_model", "32", "--d_ff", "64", "-
 
 # The scripts run on one CPU thread in the tests, on a GPU machine too: the tests compare runs bit for bit (a resumed
 # run against an uninterrupted one, two processes on gloo), which CUDA's kernels do not promise. The CUDA paths have
-# their own tests, in-process (test_fast_step.py).
+# their own tests, in-process (tests/test_step.py).
 SCRIPT_ENV = {"OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 # Under pytest-xdist (`-n 2`, the README's test command) each worker is one process among several: it keeps to its

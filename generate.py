@@ -6,27 +6,27 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
-    python generate.py --step reference                      # t2r.py's step (Eqs. 5-7 as written), not fast_step.py's
-    python generate.py --compile --num_tokens 2000           # the fast step through torch.compile
+    python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
 
-T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k. SRU++ checkpoints
-(`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and values of their
-attention layers.
+The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7); on CUDA it is recorded once as a CUDA graph and
+replayed at every token. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
+values of their attention layers.
 """
 
 import time
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from support import data
 from sru import SRUConfig
-from fast_step import CapturedStep, FastStep
-from t2r import fold, state_bytes
+from t2r import LinearAttention, fold, state_bytes
 from train_lm import data_identity
 from support.training import check_identity
-from support.runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
-                             non_negative_float, non_negative_int, positive_int, run_main, seed)
+from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
+                             model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
 
 
 def get_args(argv=None):
@@ -40,16 +40,16 @@ def get_args(argv=None):
     p.add_argument("--seed", type=seed, default=1337, help="seed of the sampling generator")
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
-    p.add_argument("--step", default="auto", choices=["auto", "fast", "reference", "graph"],
-                   help="the recurrent step: fast (fast_step.py), reference (t2r.py's, as the paper reads), graph (the "
-                   "fast step recorded once as a CUDA graph; CUDA only); auto: graph where it can run, else fast")
-    p.add_argument("--compile", action="store_true", help="torch.compile the fast step (--step fast or auto)")
+    p.add_argument("--step", default="auto", choices=["auto", "eager", "graph"],
+                   help="how t2r.py's recurrent step runs: eager, or graph (recorded once as a CUDA graph and replayed; "
+                   "CUDA only); auto: graph where it can run, else eager")
+    p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
     args = p.parse_args(argv)
-    if args.compile and args.step not in ("auto", "fast"):
-        p.error(f"--compile compiles the fast step: it cannot go with --step {args.step}")
+    if args.compile and args.step == "graph":
+        p.error("--compile compiles the eager step: it cannot go with --step graph")
     if args.mode == "recompute" and (args.step != "auto" or args.compile):
         p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
     return args
@@ -129,24 +129,86 @@ def print_state_size(model, state, batch_size: int, length: int):
           f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
 
 
+# -----------------------------------------------------------------------------
+# Thin wrappers around t2r.py's step: torch.compile, and a CUDA graph
+
+class CapturedStep:
+    """model.step of a language model recorded once per batch size as a CUDA graph, and replayed at every token: one
+    launch per token instead of one per operation. A constant-size state is static memory, so this works only where
+    every self-attention is linear without a window (a KV cache grows; a graph replays fixed shapes at fixed
+    addresses). At most `length` steps per init_state; the logits returned are a copy, valid after the next step."""
+
+    def __init__(self, model, length: int):
+        self.device = next(model.parameters()).device
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        attentions = [layer.self_attn for layer in model.layers]
+        if model.config.n_encoder_layer or not all(isinstance(a, LinearAttention) and not a.window for a in attentions):
+            raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
+                             "(linear attention without a window); use --step eager")
+        model.embed.check_end(length)  # the graph reads its position on the device: checked here, for every step
+        self.model, self.length, self.batch_size, self.steps = model, length, None, 0
+
+    def record(self, batch_size: int):
+        """Static inputs, state and outputs; warm-up on a side stream, as torch.cuda.graphs asks; then capture."""
+        self.tokens = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.state = self.model.init_state(batch_size)
+        self.state["pos"] = torch.zeros((), dtype=torch.long, device=self.device)  # a tensor: read on the device
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self.model.step(self.tokens, self.state)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits, _ = self.model.step(self.tokens, self.state)
+        self.batch_size = batch_size
+
+    def init_state(self, batch_size: int):
+        if batch_size != self.batch_size:
+            self.record(batch_size)
+        for leaf in tree_flatten(self.state)[0]:  # the warm-up ran steps: start from position 0 again
+            if torch.is_tensor(leaf):
+                leaf.zero_()
+        self.steps = 0
+        return self.state
+
+    def step(self, tokens, state):
+        if self.steps >= self.length:
+            raise ValueError(f"the graph's positions end at {self.length}: make a CapturedStep of a longer length")
+        self.tokens.copy_(tokens)
+        self.graph.replay()
+        self.steps += 1
+        return self.logits.clone(), state
+
+
+def compile_step(model):
+    """torch.compile the layers and the output head of model.step (the first steps compile; it pays off over long
+    generations). The embedding and the position counter stay outside, so a new position does not recompile."""
+    model.step_layers = torch.compile(model.step_layers)
+    return model
+
+
 def make_decoder(model, args, device, length: int):
-    """What runs the recurrent step (--step): t2r.py's model itself, FastStep, or FastStep recorded as a CUDA graph
-    of `length` steps. SRU++ has its own step only."""
+    """What runs the recurrent step (--step, --compile): the model itself, compiled, or recorded as a CUDA graph of
+    `length` steps. SRU++ runs its own step, eager."""
     if isinstance(model.config, SRUConfig):
-        if args.step in ("fast", "graph") or args.compile:
-            raise UserError("SRU++ steps with its own step only: use --step reference, without --compile")
+        if args.step == "graph" or args.compile:
+            raise UserError("SRU++ steps with its own step only: use --step eager, without --compile")
         return model
-    if args.step == "reference":
+    if args.compile:
+        return compile_step(model)
+    if args.step == "eager" or device.type != "cuda":
+        if args.step == "graph":
+            raise UserError("--step graph: CUDA graphs need the model on a CUDA device")
         return model
-    fast = FastStep(model, compile=args.compile)
-    if args.step == "fast" or (args.step == "auto" and (device.type != "cuda" or args.compile)):
-        return fast
     try:
-        return CapturedStep(fast, length)
+        return CapturedStep(model, length)
     except ValueError as error:
         if args.step == "graph":
             raise UserError(f"--step graph: {error}") from None
-        return fast  # auto: a KV cache grows, so it cannot be recorded; the eager fast step runs it
+        return model  # auto: a KV cache grows, so it cannot be recorded; the eager step runs it
 
 
 def pick_run(model, args, device, length: int):
@@ -156,7 +218,8 @@ def pick_run(model, args, device, length: int):
         print(f"{args.ckpt}: {what}, mode recompute")
         return lambda *rest: generate_recompute(model, *rest)
     decoder = make_decoder(model, args, device, length)
-    step = {FastStep: "fast step", CapturedStep: "CUDA graph of the fast step"}.get(type(decoder), "t2r.py's step")
+    step = ("CUDA graph of t2r.py's step" if isinstance(decoder, CapturedStep) else
+            "t2r.py's step, compiled" if args.compile else "t2r.py's step")
     print(f"{args.ckpt}: {what}, mode recurrent with a {form}, {step}")
     return lambda *rest: generate_recurrent(decoder, *rest)
 
@@ -177,6 +240,7 @@ def describe(model) -> tuple[str, str]:
 
 def main():
     args = get_args()
+    decoding_kernels()
     checkpoint = load_checkpoint(args.ckpt)
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")

@@ -154,8 +154,6 @@ class T2RFeatureMap(nn.Module):
 class FoldedT2RFeatureMap(nn.Module):
     """What is left of the T2R feature map after `fold`: W_phi now lives inside W_q and W_k (Eq. 8)."""
 
-    elementwise = True  # phi acts on each number alone: q and k may go through it as one tensor (fast_step.py)
-
     def forward(self, *xs):
         # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q); the projection already produced W~_q x_i + b~_q
         return tuple(F.relu(x) for x in xs)
@@ -163,8 +161,6 @@ class FoldedT2RFeatureMap(nn.Module):
 
 class EluFeatureMap(nn.Module):
     """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020): positive, no parameters, k = d."""
-
-    elementwise = True
 
     def forward(self, *xs):
         return tuple(F.elu(x) + 1 for x in xs)
@@ -293,21 +289,24 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
     return numerator.view(B, H, n * C, d)[:, :, :T], denominator.view(B, H, n * C)[:, :, :T]
 
 
-def linear_attention_step(fq, fk, v, S, z):
-    """One recurrent step, Eqs. 5-7 (fq, fk: (B, H, k); v: (B, H, d)). Updates S, z in place."""
-    B, H, k = fk.shape
-    # Eq. 6: S_i = S_{i-1} + phi(k_i) (x) v_i,  z_i = z_{i-1} + phi(k_i)
-    # (one batched in-place outer product: no (B, H, k, d) temporary at every token)
-    S.view(B * H, k, -1).baddbmm_(fk.reshape(B * H, k, 1), v.reshape(B * H, 1, -1))
-    z.add_(fk)
-    return read_state(fq, S, z)
+def linear_attention_step(fq, fk, v1, Sz):
+    """One recurrent step, Eqs. 6-7. fq, fk (B, H, 1, k); v1 = [v | 1] (B, H, 1, d + 1); Sz = [S | z] (B, H, k, d + 1):
+    S and z side by side, so that each equation is one batched product. Updates Sz in place; returns (B, H, d)."""
+    add_to_state(fk, v1, Sz)
+    return read_state(fq, Sz)
 
 
-def read_state(fq, S, z):
-    B, H, k, d = S.shape
-    # Eq. 7: out_i = (phi(q_i)^T S_i / phi(q_i)^T z_i)^T
-    numerator = torch.bmm(fq.reshape(B * H, 1, k), S.view(B * H, k, d)).view(B, H, d)
-    return normalize(numerator, (fq * z).sum(-1))
+def add_to_state(fk, v1, Sz):
+    B, H, k, d1 = Sz.shape
+    # Eq. 6: S_i = S_{i-1} + phi(k_i) (x) v_i and z_i = z_{i-1} + phi(k_i), as one: [S | z] += phi(k_i) (x) [v_i | 1]
+    Sz.addcmul_(fk.view(B, H, k, 1), v1.view(B, H, 1, d1))
+
+
+def read_state(fq, Sz):
+    B, H, k, d1 = Sz.shape
+    # Eq. 7: out_i = phi(q_i)^T S_i / phi(q_i)^T z_i, as one: phi(q_i)^T [S | z] = [numerator | denominator]
+    both = torch.bmm(fq.reshape(B * H, 1, k), Sz.view(B * H, k, d1)).view(B, H, d1)
+    return normalize(both[..., :-1], both[..., -1])
 
 
 # -----------------------------------------------------------------------------
@@ -361,20 +360,18 @@ def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int
 
 def window_attention_step(q, k, fq, v, state, window: int, gate, feature_map):
     """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
-    buffer and (S, z) of the tokens that have left it: O(W d + k d) per head at every length."""
-    t, slot = state["length"], state["length"] % window
+    buffer and [S | z] of the tokens that have left it: O(W d + k d) per head at every length."""
+    t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
     if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
-        fk_old = feature_map(state["k"][:, :, slot:slot + 1])[0][:, :, 0]  # (B, H, k)
-        S, z, v_old = state["S"], state["z"], state["v"][:, :, slot]
-        S.view(-1, *S.shape[2:]).baddbmm_(fk_old.reshape(-1, fk_old.shape[-1], 1), v_old.reshape(-1, 1, v.shape[-1]))
-        z.add_(fk_old)
+        fk_old = feature_map(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
+        add_to_state(fk_old, F.pad(state["v"][:, :, slot], (0, 1), value=1.0), Sz)
     state["k"][:, :, slot], state["v"][:, :, slot] = k, v
     state["length"] = t + 1
     keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)
     s = (keys @ q[..., None])[..., 0] / math.sqrt(q.shape[-1])  # (B, H, min(t + 1, W))
     e = gate[:, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
-    numerator = (e[:, :, None] @ values)[:, :, 0] + (fq[:, :, None] @ state["S"])[:, :, 0]
-    return normalize(numerator, e.sum(-1) + (fq * state["z"]).sum(-1))
+    both = (fq[:, :, None] @ Sz)[:, :, 0]  # [numerator | denominator] of the tokens before the window
+    return normalize((e[:, :, None] @ values)[:, :, 0] + both[..., :-1], e.sum(-1) + both[..., -1])
 
 
 # -----------------------------------------------------------------------------
@@ -403,11 +400,33 @@ class Attention(nn.Module):
         B, H, T, d = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d))  # (B, T, h)
 
+    # The recurrent form projects one position at a time, with W_q, W_k and W_v stacked head by head: one product
+    # gives [q | k | v] of every head, and with append_one a 1 after each v (a row of zero weights, bias 1) for Eq. 6
+    # in one product. Stacked by init_state, and again at a step whenever a weight has changed (an optimizer step,
+    # load_state_dict, .to(), fold): the tensors' identities, version counters, dtypes and devices say so.
+    def stack_projections(self, append_one: bool) -> tuple:
+        parts = [self.q_proj, self.k_proj, self.v_proj]
+        key = [(id(t), t._version, t.dtype, t.device) for p in parts for t in (p.weight, p.bias)] + [append_one]
+        if getattr(self, "stacked_key", None) != key:
+            H, h = self.n_head, self.q_proj.in_features
+            weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
+            biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
+            if append_one:
+                weights.append(weights[0].new_zeros(H, 1, h))
+                biases.append(biases[0].new_ones(H, 1))
+            self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
+            self.stacked_key = key
+        return self.stacked
 
-# scaled_dot_product_attention picks a kernel per call. cuDNN's, which it may prefer for bf16 on recent GPUs, builds
-# a plan for every new shape; decoding makes a new key length at every token, a translator a new source length at
-# every batch. Flash, memory-efficient and math kernels take any shape as it comes, so importing t2r turns cuDNN's off.
-torch.backends.cuda.enable_cudnn_sdp(False)
+    def project_step(self, x, append_one: bool):
+        """x (B, h) -> [q | k | v (| 1)] per head, (B, H, 2 w + d (+ 1))."""
+        # torch.compile cannot trace the check: a compiled step uses the weights as init_state stacked them
+        stacked = self.stacked if torch.compiler.is_compiling() else self.stack_projections(append_one)
+        return F.linear(x, *stacked).view(x.shape[0], self.n_head, -1)
+
+    def merge_step(self, out):
+        """(B, H, d) -> (B, h)"""
+        return self.out_proj(out.reshape(out.shape[0], -1))
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
@@ -449,22 +468,22 @@ class SoftmaxAttention(Attention):
 
     # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
+        self.stack_projections(append_one=False)
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
-    def step(self, x, state):
-        q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, d)
+    def step(self, x, state):  # x (B, h) -> (B, h)
+        q, k, v = self.project_step(x, append_one=False)[:, :, None].split(self.d_head, -1)  # (B, H, 1, d)
         keys, values = append_to_cache(state, k, v)
-        return self.merge(F.scaled_dot_product_attention(q, keys, values))[:, 0]
+        return self.merge_step(F.scaled_dot_product_attention(q, keys, values))
 
     def init_cross_state(self, source, key_mask):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
     def step_cross(self, x, state):
-        q = self.heads(self.q_proj(x[:, None]))
-        out = F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"])
-        return self.merge(out)[:, 0]
+        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)  # (B, H, 1, d)
+        return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
 
 
 class LinearAttention(Attention):
@@ -527,46 +546,45 @@ class LinearAttention(Attention):
             sim = masked_similarity(fq, fk, causal=True)  # (B, H, T, T)
             return normalize(sim, sim.sum(-1))  # the same epsilon rule as every form
 
-    # Recurrent form: S (k x d) and z (k) per head, the same size at every position.
+    # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
-        dtype = state_dtype(dtype)
-        S = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head, device=device, dtype=dtype)
-        z = torch.zeros(batch_size, self.n_head, self.feature_size, device=device, dtype=dtype)
+        self.stack_projections(append_one=True)
+        Sz = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
+                         dtype=state_dtype(dtype))  # (B, H, k, d + 1)
         if not self.window:
-            return {"S": S, "z": z}
-        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=dtype)
-        return {"S": S, "z": z, "k": ring, "v": ring.clone(), "length": 0}  # the last W keys and values
+            return {"Sz": Sz}
+        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=Sz.dtype)
+        return {"Sz": Sz, "k": ring, "v": ring.clone(), "length": 0}  # the last W keys and values
 
-    def step(self, x, state):
-        if self.window:
-            q, k, v = (t.to(state["S"].dtype) for t in self.project(x[:, None], x[:, None]))  # (B, H, 1, d)
-            with full_precision(x.device):
-                (fq,) = self.feature_map(q)
-                gate = self.window_gate.to(q.dtype).exp()
-                out = window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v[:, :, 0], state, self.window,
-                                            gate, self.feature_map)
-            return self.merge(out[:, :, None].to(x.dtype))[:, 0]
-        q, k, v = (t.to(state["S"].dtype) for t in self.project(x[:, None], x[:, None]))  # (B, H, 1, .)
+    def step(self, x, state):  # x (B, h) -> (B, h)
+        Sz, w = state["Sz"], self.q_proj.out_features // self.n_head  # w: d, or k once folded
+        qkv1 = self.project_step(x, append_one=True).to(Sz.dtype)[:, :, None]  # (B, H, 1, 2 w + d + 1)
+        q, k, v1 = qkv1[..., :w], qkv1[..., w:2 * w], qkv1[..., 2 * w:]
         with full_precision(x.device):
-            fq, fk = self.feature_map(q, k)
-            out = linear_attention_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], state["S"], state["z"])
-        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
+            if self.window:
+                (fq,) = self.feature_map(q)
+                out = window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1], state,
+                                            self.window, self.window_gate.to(q.dtype).exp(), self.feature_map)
+            else:
+                fq, fk = self.feature_map(q, k)  # (B, H, 1, k)
+                out = linear_attention_step(fq, fk, v1, Sz)  # Eqs. 6-7
+        return self.merge_step(out.to(x.dtype))
 
     def init_cross_state(self, source, key_mask):
-        """S and z of the whole (masked) source, computed once per sentence."""
+        """[S | z] of the whole (masked) source, computed once per sentence."""
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         dtype = state_dtype(v.dtype)
         with full_precision(source.device):
             (fk,) = self.feature_map(k.to(dtype))
             S, z = source_state(fk, v.to(dtype), key_mask)
-        return {"S": S, "z": z}
+        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, H, k, d + 1)
 
     def step_cross(self, x, state):
-        q = self.heads(self.q_proj(x[:, None]))
+        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)  # (B, H, 1, w)
         with full_precision(x.device):
-            (fq,) = self.feature_map(q.to(state["S"].dtype))
-            out = read_state(fq[:, :, 0], state["S"], state["z"])
-        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
+            (fq,) = self.feature_map(q.to(state["Sz"].dtype))
+            out = read_state(fq, state["Sz"])  # Eq. 7
+        return self.merge_step(out.to(x.dtype))
 
     @torch.no_grad()
     def fold_(self):
@@ -657,12 +675,13 @@ class Embedding(nn.Module):
         if self.pos is not None and end > self.pos.num_embeddings:
             raise ValueError(f"position {end - 1} is past the {self.pos.num_embeddings} learned positions")
 
-    def forward(self, tokens, start: int = 0):  # tokens: (B, T) -> (B, T, h)
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+    def forward(self, tokens, start=0):  # tokens: (B, T) from position start (an int or a 0-dim tensor) -> (B, T, h)
+        positions = torch.arange(tokens.shape[1], device=tokens.device) + start
         embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
         if self.pos is None:
             return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
-        self.check_end(start + tokens.shape[1])
+        if isinstance(start, int):  # a tensor start is checked by its caller (a CUDA graph, once for all its steps)
+            self.check_end(start + tokens.shape[1])
         return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
 
 
@@ -747,12 +766,19 @@ class TransformerBase(nn.Module):
 
     @torch.no_grad()
     def step(self, tokens, state):
-        """tokens: (B,) at position state['pos'] -> logits (B, V). Updates state in place and returns it."""
+        """tokens: (B,) at position state['pos'] -> logits (B, V). Updates state in place and returns it.
+        state['pos'] is an int, or a 0-dim tensor (a CUDA graph reads it on the device)."""
         x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
-        for layer, layer_state in zip(self.layers, state["layers"]):
-            x = layer.step(x, layer_state)
+        logits = self.step_layers(x, state["layers"])
         state["pos"] += 1
-        return self.output(x), state
+        return logits, state
+
+    def step_layers(self, x, layer_states):
+        """x (B, h) of one position through every layer's recurrent form, then the output head: what
+        generate.py --compile compiles."""
+        for layer, layer_state in zip(self.layers, layer_states):
+            x = layer.step(x, layer_state)
+        return self.output(x)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -10,6 +10,7 @@ folded first (Eq. 8). train_mt.py uses the same functions for its BLEU scores.
 """
 
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -22,10 +23,9 @@ from tqdm import tqdm
 
 from support import mt_data
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
-from fast_step import FastStep
 from t2r import fold, reorder_state
-from support.runtime import (Parser, UserError, atomic_write, device_name, finite_float, get_device, load_checkpoint,
-                             model_from_checkpoint, non_negative_float, positive_int, run_main)
+from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
+                             load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -153,7 +153,11 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     """Detokenized translations of sentences, in order. Empty lines give empty translations.
     args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size, compile (train_mt.py's
     --compile, which compiles training too)."""
-    decoder = FastStep(model.eval(), compile=bool(args.compile))  # t2r.py's step, fused: the same translations, faster
+    decoding_kernels()
+    decoder = model.eval()
+    if args.compile:  # the step's layers through torch.compile, on a shallow copy: the caller's model is left as it is
+        decoder = copy.copy(model)
+        decoder.step_layers = torch.compile(decoder.step_layers)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
@@ -184,7 +188,8 @@ def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16
     """Decoding speed on real sentences (greedy, or beam search of size beam): output tokens (</s> included,
     padding not) per second of decoding, encoder included. Sentences go in order of length, as
     translate_sentences batches them; the first batch runs once untimed (one-time costs: allocator, kernels)."""
-    decoder = FastStep(model.eval())
+    decoding_kernels()
+    decoder = model.eval()
     decode = (lambda src: greedy_decode(decoder, src, max_len_a, max_len_b)) if beam == 1 else \
         (lambda src: [h[0] for h in beam_search(decoder, src, beam, lenpen, max_len_a, max_len_b)])
     ids = sorted(mt_data.encode(tokenizer, [s for s in sentences if s.strip()]), key=len)

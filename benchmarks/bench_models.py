@@ -7,22 +7,21 @@ import torch
 import torch.nn as nn
 
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
-from fast_step import CapturedStep, FastStep
+from generate import CapturedStep
 from support.runtime import load_checkpoint
 from sru import SRUConfig, SRUppLM
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
 
 
-# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All step with fast_step.py
-# but *_reference (t2r.py's step), *_graph (CUDA only), *_compiled (torch.compile; not with --quick) and SRU++.
+# The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All run t2r.py's step
+# (SRU++ its own), eager but *_graph (a CUDA graph, CUDA only) and *_compiled (torch.compile; not with --quick).
 LM_MODELS = {
     "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
     "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
                           "(Katharopoulos et al.'s baseline), up to --recompute_max"),
     "t2r32": ("t2r", 32, True, "T2R, k = 32, folded: the generation model"),
-    "t2r32_reference": ("t2r", 32, True, "t2r32 through t2r.py's step (Eqs. 5-7 as written), not fast_step.py's"),
-    "t2r32_graph": ("t2r", 32, True, "t2r32's fast step recorded once as a CUDA graph and replayed (CUDA only)"),
-    "t2r32_compiled": ("t2r", 32, True, "t2r32's fast step through torch.compile"),
+    "t2r32_graph": ("t2r", 32, True, "t2r32's step recorded once as a CUDA graph and replayed (CUDA only)"),
+    "t2r32_compiled": ("t2r", 32, True, "t2r32's step through torch.compile"),
     "t2r32_unfolded": ("t2r", 32, False, "the same, not folded: what folding gains"),
     "t2r32_window64": ("t2r", 32, False, "T2R, k = 32, with a softmax window of the last 64 tokens (window "
                        "layers are not folded: their softmax needs q and k)"),
@@ -107,10 +106,11 @@ def build_lm(name: str, args):
     if name.startswith("proj_only"):
         model = replace_self_attention(model, ProjectionsOnly)
     model = place(model, args)
-    if name == "softmax_recompute" or name.endswith("_reference"):
-        return model, "recompute" if name == "softmax_recompute" else "step"
-    fast = FastStep(model, compile=name.endswith("_compiled"))
-    return (CapturedStep(fast, max(args.lengths) + 16) if name.endswith("_graph") else fast), "step"
+    if name == "softmax_recompute":
+        return model, "recompute"
+    if name.endswith("_compiled"):
+        model.step_layers = torch.compile(model.step_layers)
+    return (CapturedStep(model, max(args.lengths) + 16) if name.endswith("_graph") else model), "step"
 
 
 def build_s2s(name: str, args):
@@ -118,7 +118,7 @@ def build_s2s(name: str, args):
     config = lm_config(args, n_encoder_layer=lm_config(args).n_layer, attn=kind, feature_size=self_k,
                        cross_attn=kind, cross_feature_size=cross_k)
     model = Seq2SeqTransformer(config).eval()
-    return FastStep(place(fold(model) if folded else model, args)), "step"
+    return place(fold(model) if folded else model, args), "step"
 
 
 def translator_name(run: str) -> str:

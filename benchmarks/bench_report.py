@@ -76,8 +76,6 @@ def ratios(rows, args) -> list:
               ">=", need) for L, need in ((4096, 5), (8192, need_8192))]
     plan += [(f"t2r32{c} step / proj_only{c} step, batch {b}: paired rounds", ("pairs", f"t2r32{c}/proj_only{c}", b, 0,
               "time_ratio"), None, "<=", 1.10 if b == 1 else 1.05) for c in ("", "_compiled") for b in args.batch_sizes]
-    plan += [(f"t2r32_reference step / t2r32 step (tokens/s at {hi}), batch {b}", gen("t2r32", b, hi, tps),
-              gen("t2r32_reference", b, hi, tps), ">=", 1.0) for b in args.batch_sizes]
     plan += [(f"translator {what}, test sentences: t2r / softmax tokens/s, batch 16: paired passes",
               ("mt", "t2r/softmax", 16, 0, metric + "_ratio"), None, ">=", need)
              for what, metric, need in (("greedy", tps, 1.15), ("beam 5", "beam5_tokens_per_s", 1.0))]

@@ -13,11 +13,9 @@ import weakref
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from fast_step import LinearSelfAttention
 from translate import synchronize
 
 
@@ -38,30 +36,21 @@ class NoAttention(nn.Module):
 
 
 class ProjectionsOnly(nn.Module):
-    """The q, k, v and output projections of an attention layer without the attention, run by fast_step.py."""
+    """The q | k | v | 1 projection of t2r.py's linear-attention step and the output projection of v, without
+    Eqs. 6-7: what the step costs for its weights alone."""
 
     def __init__(self, attn):
         super().__init__()
         self.attn = attn
 
-    def fast_step(self):
-        return FastProjectionsOnly(self.attn)
-
-
-class FastProjectionsOnly:
-    """The stacked projection of fast_step.py's linear-attention step (q | k | v | 1 per head), then W_o v."""
-
-    def __init__(self, attn):
-        self.layer = LinearSelfAttention(attn)
-
     def init_state(self, batch_size, device, dtype):
+        self.attn.stack_projections(append_one=True)
         return {}
 
     def step(self, x, state):
-        layer, B = self.layer, x.shape[0]
-        o = F.linear(x, layer.weight, layer.bias).view(B, layer.H, -1)  # (B, H, 2w + d + 1)
-        v = o[..., 2 * layer.w: 2 * layer.w + layer.d].reshape(B, layer.H * layer.d)
-        return F.linear(v, layer.out.weight, layer.out.bias)
+        attn = self.attn
+        w = attn.q_proj.out_features // attn.n_head  # d, or k once folded
+        return attn.merge_step(attn.project_step(x, append_one=True)[..., 2 * w: 2 * w + attn.d_head])  # W_o v
 
 
 def replace_self_attention(model, make):
@@ -183,7 +172,7 @@ def measure_step(step, args) -> tuple:
 # softmax attention kernel (SDPA) of one new token over the KV caches is what T2R replaces (the encoder, softmax in
 # both, reads the whole source at once); the rest is everything else.
 TIME_PARTS = ("head", "linear", "sdpa", "rest")
-# The ops of Eqs. 6-7 in fast_step.py's linear-attention step (the feature map, [S | z] += ..., phi(q)^T [S | z],
+# The ops of Eqs. 6-7 in t2r.py's linear-attention step (the feature map, [S | z] += ..., phi(q)^T [S | z],
 # the normalization): what a T2R step runs beyond the same weights' projections (bench.py's section pairs).
 EQ_6_7_OPS = ("aten::relu", "aten::addcmul_", "aten::bmm", "aten::abs", "aten::clamp_min", "aten::div")
 

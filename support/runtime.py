@@ -165,6 +165,14 @@ def fingerprint(text: str) -> str:
 # -----------------------------------------------------------------------------
 # Device and precision
 
+def decoding_kernels():
+    """Before decoding with a KV cache, on CUDA: scaled_dot_product_attention picks a kernel per call, and cuDNN's,
+    which it may prefer for bf16 on recent GPUs, builds a plan for every new shape; a KV cache has a new key length at
+    every token, a translator a new source length at every batch. Flash, memory-efficient and math kernels take any
+    shape as it comes, so the decoding scripts turn cuDNN's off (for the process: it is a global switch)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def get_device(requested: str = "auto") -> torch.device:
     """cuda, then mps, then cpu; says what it chose."""
     if requested == "auto":

@@ -20,6 +20,7 @@ from support import job
 from support import runtime
 import train_lm
 from support import training
+import t2r
 from t2r import Config, TransformerLM, fold
 
 from conftest import ROOT, TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus
@@ -236,6 +237,23 @@ def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
 def test_generate_refuses(trained, argv, message):
     tmp, _ = trained
     assert_one_line_error(run("generate.py", *argv, cwd=tmp, check=False), message)
+
+
+def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
+    """generate.py decodes with t2r.py's own linear_attention_step (Eqs. 6-7): one call per layer and token fed in
+    (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
+    tmp, _ = trained
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return linear_attention_step(*args)
+    linear_attention_step = t2r.linear_attention_step
+    monkeypatch.setattr(t2r, "linear_attention_step", counted)
+    result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
+                      "5", cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    assert "t2r.py's step" in result.stdout and len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,229 @@
+"""t2r.py's recurrent step as generate.py, translate.py and bench.py run it: the logits of one parallel pass at every
+position, in float64, for every attention kind and model switch; the translator's decodings against the parallel
+form; the path a CUDA graph records (a position tensor), the compiled layers without graph breaks, and CUDA graphs
+where CUDA exists."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import generate
+from conftest import ROOT, assert_flags_refused, report, tiny_translator
+from generate import CapturedStep
+from support.runtime import decoding_kernels
+from t2r import Config, TransformerLM, fold, state_bytes
+
+LM_CASES = {
+    "t2r": dict(attn="t2r"),
+    "t2r folded": dict(attn="t2r", fold=True),
+    "elu": dict(attn="elu"),
+    "rfa": dict(attn="rfa"),
+    "softmax": dict(attn="softmax"),
+    "t2r window": dict(attn="t2r", window=3),
+    "t2r post-norm": dict(attn="t2r", pre_norm=False),
+    "softmax below t2r": dict(attn=["softmax", "t2r"], fold=True),
+    "GPT-2's switches": dict(attn="t2r", positions="learned", max_positions=64, activation="gelu_tanh",
+                             scale_embedding=False, fold=True),
+    "adaptive input and softmax": dict(attn="t2r", adaptive_cutoffs=[20, 40], fold=True),
+}
+
+
+def tiny_lm(attn="t2r", fold_it=False, dtype=torch.float64, **switches):
+    torch.manual_seed(0)
+    config = Config(vocab_size=60, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=attn, feature_size=4,
+                    **switches)
+    model = TransformerLM(config).to(dtype).eval()
+    return fold(model) if fold_it else model
+
+
+def step_against(reference, model, tokens, state=None):
+    """Max |logits difference| of model.step over the columns of tokens (B, T) against reference (B, T, V)."""
+    state = state if state is not None else model.init_state(tokens.shape[0])
+    diff = 0.0
+    for t in range(tokens.shape[1]):
+        logits, state = model.step(tokens[:, t], state)
+        diff = max(diff, (reference[:, t] - logits).abs().max().item())
+    return diff, state
+
+
+def parallel(model, *inputs):
+    with torch.no_grad():
+        return model(*inputs)
+
+
+@pytest.mark.parametrize("case", LM_CASES)
+def test_the_step_equals_the_parallel_form(case):
+    switches = dict(LM_CASES[case])
+    model = tiny_lm(fold_it=switches.pop("fold", False), **switches)
+    tokens = torch.randint(0, 60, (3, 40))
+    diff, _ = step_against(parallel(model, tokens), model, tokens)
+    assert report(f"{case}: recurrent step - parallel form, logits over 40 positions", diff) < 1e-9
+
+
+@pytest.mark.parametrize("kind", ["t2r", "softmax", "elu"])
+def test_the_step_of_a_translator_equals_the_parallel_form(kind):
+    model = tiny_translator(kind)
+    model = fold(model) if kind == "t2r" else model
+    src = torch.randint(1, 23, (3, 7))
+    src[0, 5:] = 0  # padding, masked out of the cross attention
+    tgt = torch.randint(0, 23, (3, 12))
+    diff, _ = step_against(parallel(model, src, tgt), model, tgt, model.init_state(src))
+    assert report(f"translator {kind}: recurrent step - parallel form", diff) < 1e-12
+
+
+@pytest.mark.parametrize("attn", ["t2r", "softmax"])
+def test_weights_changed_after_init_state_are_the_ones_stepped(attn):
+    """The step stacks W_q, W_k, W_v for one product: a change of weights (as an optimizer step or load_state_dict
+    makes, in place) after init_state is seen at the next step, not an old stack."""
+    model, other = tiny_lm(attn), tiny_lm(attn)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    tokens = torch.randint(0, 60, (2, 10))
+    state = model.init_state(2)
+    model.load_state_dict(other.state_dict())
+    diff, _ = step_against(parallel(other, tokens), model, tokens, state)
+    assert report(f"{attn}: step after load_state_dict - parallel form of the new weights", diff) < 1e-9
+
+
+def test_a_position_tensor_gives_the_same_logits():
+    """What CapturedStep records: the position a tensor on the device, incremented in place by the step."""
+    model = tiny_lm(fold_it=True)
+    tokens = torch.randint(0, 60, (2, 30))
+    state = model.init_state(2)
+    state["pos"] = torch.zeros((), dtype=torch.long)
+    diff, state = step_against(parallel(model, tokens), model, tokens, state)
+    assert report("position tensor: recurrent step - parallel form", diff) < 1e-12
+    assert int(state["pos"]) == 30
+
+
+def test_the_compiled_layers_have_no_graph_break():
+    """torch.compile(fullgraph=True) refuses a graph break; the eager backend traces without compiling C++."""
+    model = tiny_lm(fold_it=True, dtype=torch.float32)
+    tokens = torch.randint(0, 60, (2, 12))
+    reference = parallel(model, tokens)
+    model.step_layers = torch.compile(model.step_layers, backend="eager", fullgraph=True)
+    diff, _ = step_against(reference, model, tokens)
+    assert report("traced step - parallel form (float32)", diff) < 1e-5
+
+
+def test_learned_positions_end_where_the_table_ends():
+    """A step past the learned table is refused, not read out of bounds."""
+    model = tiny_lm(positions="learned", max_positions=8, fold_it=True)
+    state = model.init_state(1)
+    for _ in range(8):
+        model.step(torch.tensor([1]), state)
+    with pytest.raises(ValueError, match="position 8 is past the 8 learned positions"):
+        model.step(torch.tensor([1]), state)
+
+
+def held_bytes(model) -> int:
+    """Bytes of every tensor a model holds: parameters, buffers, and any tensor kept on a module between calls."""
+    held = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        for value in vars(module).values():
+            for t in (value if isinstance(value, tuple) else (value,)):
+                if torch.is_tensor(t):
+                    held[id(t)] = t
+    return sum(t.numel() * t.element_size() for t in held.values())
+
+
+def test_generation_memory_does_not_grow_with_the_position():
+    """Nothing grows with the tokens generated: after 5000 steps the model and the state hold what they held
+    after 10 (a table of positions kept for the steps would grow)."""
+    model = tiny_lm(fold_it=True, dtype=torch.float32)
+    state = model.init_state(1)
+    for _ in range(10):
+        model.step(torch.tensor([1]), state)
+    held, state_size = held_bytes(model), state_bytes(state)
+    for _ in range(4990):
+        model.step(torch.tensor([1]), state)
+    assert (held_bytes(model), state_bytes(state)) == (held, state_size)
+
+
+def test_decoding_turns_cudnn_attention_off_and_importing_t2r_does_not():
+    """cuDNN's attention plans every new shape anew, and decoding makes a new key length at every token: the decoding
+    scripts switch it off (runtime.decoding_kernels), for their process only; importing t2r.py switches nothing."""
+    code = ("import torch, t2r; print(torch.backends.cuda.cudnn_sdp_enabled()); "
+            "from support.runtime import decoding_kernels; decoding_kernels(); b = torch.backends.cuda; "
+            "print(b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False", "True", "True"], out.stderr
+
+
+def test_cuda_graphs_refuse_a_cpu_model():
+    with pytest.raises(ValueError, match="CUDA device"):
+        CapturedStep(tiny_lm(fold_it=True), 16)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--step", "graph", "--compile"], "--compile compiles the eager step"),
+    (["--mode", "recompute", "--step", "eager"], "they need --mode recurrent"),
+])
+def test_generate_step_flags_are_refused_before_any_work(capsys, argv, message):
+    assert_flags_refused(generate.get_args, argv, message, capsys)
+
+
+# -----------------------------------------------------------------------------
+# bf16 weights (bench.py --dtype bfloat16) keep the state in float32; CUDA: the graph replays the eager step
+
+# bf16 against float64 weights, max |logit difference|: t2r, elu, window 0.02-0.03 measured. Not rfa: its random
+# projections rounded to bf16 move sin(Wx) by ~1e-2, which the |denominator| rule can amplify (1.2-5.6 measured)
+BF16_TOLERANCE = {"t2r": 0.1, "t2r folded": 0.1, "elu": 0.1, "t2r window": 0.1}
+
+
+@pytest.mark.parametrize("case", BF16_TOLERANCE)
+def test_bf16_weights_step_in_a_float32_state(case):
+    switches = dict(LM_CASES[case])
+    fold_it = switches.pop("fold", False)
+    model, exact = (tiny_lm(fold_it=fold_it, dtype=dtype, **switches) for dtype in (torch.bfloat16, torch.float64))
+    tokens = torch.randint(0, 60, (3, 40))
+    diff, state = step_against(parallel(exact, tokens), model, tokens)  # the bf16 model against float64 weights
+    assert state["layers"][0]["self"]["Sz"].dtype == torch.float32
+    assert report(f"{case}: bf16 step - float64 parallel form, logits", diff) < BF16_TOLERANCE[case]
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_cuda_graph_replays_the_eager_step():
+    model = tiny_lm(fold_it=True, dtype=torch.float32).cuda()
+    tokens = torch.randint(0, 60, (4, 50), device="cuda")
+    captured = CapturedStep(model, 50)
+    for _ in range(2):  # a second init_state starts again from position 0
+        diff, _ = step_against(parallel(model, tokens), captured, tokens)
+        assert report("CUDA graph - parallel form", diff) < 1e-5
+    with pytest.raises(ValueError, match="positions end at 50"):
+        captured.step(tokens[:, 0], captured.state)
+
+
+@cuda
+def test_cuda_graphs_refuse_a_growing_kv_cache():
+    with pytest.raises(ValueError, match="constant-size state"):
+        CapturedStep(tiny_lm(attn="softmax", dtype=torch.float32).cuda(), 16)
+
+
+@cuda
+def test_bf16_step_keeps_a_float32_state_on_cuda():
+    model = tiny_lm(fold_it=True, dtype=torch.bfloat16).cuda()
+    tokens = torch.randint(0, 60, (4, 64), device="cuda")
+    diff, state = step_against(parallel(model, tokens), model, tokens)
+    assert state["layers"][0]["self"]["Sz"].dtype == torch.float32
+    assert report("bf16 on CUDA: recurrent step - parallel form", diff) < 0.1
+
+
+@cuda
+def test_bf16_kv_cache_decoding_does_not_stall():
+    """A KV cache has a new key length at every token. In bf16 on an H100, SDPA's cuDNN kernel built a plan for
+    each one and 8192 tokens did not finish in 220 s; the decoding scripts turn that kernel off. 1024 steps: seconds."""
+    decoding_kernels()
+    model = tiny_lm(attn="softmax", dtype=torch.bfloat16).cuda()
+    tokens, state, start = torch.zeros(16, dtype=torch.long, device="cuda"), model.init_state(16), time.perf_counter()
+    for _ in range(1024):
+        logits, state = model.step(tokens, state)
+        tokens = logits.argmax(-1)
+    torch.cuda.synchronize()
+    assert report("seconds for 1024 bf16 KV-cache steps, batch 16", time.perf_counter() - start) < 60
