@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten
 
 from support import data
 from sru import SRUConfig
-from t2r import LinearAttention, fold, state_bytes
+from t2r import LinearAttention, fold, is_folded, state_bytes
 from train_lm import data_identity
 from support.training import check_identity
 from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
@@ -233,7 +233,7 @@ def describe(model) -> tuple[str, str]:
                 "recurrent state (c per layer" + (", keys and values in the attention layers)" if attending else ")"))
     kinds = sorted(set(c.layer_kinds()))
     window = f" with a softmax window of {c.window}" if c.window else ""
-    folded = " (folded, Eq. 8)" if getattr(model, "folded", False) else ""
+    folded = " (folded, Eq. 8)" if is_folded(model) else ""
     form = "KV cache" if kinds == ["softmax"] else "recurrent state (RNN)"
     return f"attention {', '.join(kinds)}{window}{folded}", form
 

@@ -1,24 +1,23 @@
 """
-T2R: Finetuning Pretrained Transformers into RNNs (Kasai et al., EMNLP 2021), in one file.
+T2R: Finetuning Pretrained Transformers into RNNs (Kasai et al., EMNLP 2021), in one file, in the paper's order.
 
-A transformer language model and an encoder-decoder translator whose attention can be
+A transformer whose attention can be
     softmax : exp(q.k / sqrt(d))                            (Eq. 2, the pretrained teacher)
-    t2r     : relu(W_phi q + b_phi) . relu(W_phi k + b_phi) (Eq. 3, learned ReLU-MLP feature map)
+    t2r     : relu(W_phi q + b_phi) . relu(W_phi k + b_phi) (Eq. 3, a learned ReLU-MLP feature map)
     elu     : (elu(q) + 1) . (elu(k) + 1)                   (Katharopoulos et al., 2020)
     rfa     : random Fourier features of l2-normalised q, k (Peng et al., 2021)
-Every kind has a parallel form for training and a recurrent form for generation:
-the linear kinds keep a state S (k x d) and z (k) per head (Eqs. 5-7), softmax keeps a KV cache.
-`convert` is the swap of section 2.2, `fold` merges the feature map into W_q, W_k (Eq. 8). Two steps added since:
-`attention_transfer` (train the feature maps to imitate softmax first) and `convert(window=W)` (softmax kept on the
-last W tokens).
+Every kind has a parallel form for training and a recurrent form for generation: the linear kinds keep a state
+S (k x d) and z (k) per head (Eqs. 5-7), softmax a KV cache. `convert` is the swap of section 2.2, `fold` merges
+the feature map into W_q and W_k (Eq. 8). What came after T2R (the sliding-window hybrid, attention transfer) is in
+after_t2r.py.
 
     python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune
     python generate.py                        # sample with the recurrent form
     python train_mt.py --init pretrained      # the same for a translator's decoder (causal k=4, cross k=32)
-    python -m pytest -q                       # the forms agree; see test_t2r.py
+    python -m pytest -q test_t2r.py           # the forms agree
 
-Shapes: B batch, T target length, S source length, H heads (r in the paper),
-d head size, k feature size, h = H * d model size, V vocabulary.
+Shapes: B batch, T target length, S source length, H heads (r in the paper), d head size, k feature size,
+h = H * d model size, V vocabulary.
 """
 
 import copy
@@ -31,10 +30,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
-POSITIONS = ("sinusoidal", "learned")
-ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
+from support.adaptive import AdaptiveInput, AdaptiveSoftmax
+from support.configs import check_config
 
+ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
+ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 # The one epsilon rule of every linear form (quadratic, chunked, non-causal, recurrent):
 # ReLU features can all be zero, so the normaliser phi(q).z of Eq. 7 can be zero.
 EPS = 1e-6
@@ -54,13 +54,13 @@ class Config:
     attn: str | list = "softmax"    # causal self-attention kind: one for all layers, or a list, one per layer
     feature_size: int = 32          # k of the causal self-attention (t2r, rfa); elu always has k = d
     chunk_size: int = 64            # chunk length of the causal linear attention in training; 0: quadratic form
-    window: int = 0                 # causal linear layers attend with softmax to the last W tokens (0: none)
+    window: int = 0                 # causal linear layers attend with softmax to the last W tokens (after_t2r.py)
     n_encoder_layer: int = 0        # encoder layers of Seq2SeqTransformer (its encoder is always softmax)
     cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
     cross_feature_size: int = 32    # k of the cross attention
     pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
-    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax: vocabulary bands [0, c1),
-    #                                 [c1, c2), ... of ids in order of frequency (Baevski & Auli 2019); [] for none
+    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax (support/adaptive.py): the
+    #                                 vocabulary bands [0, c1), [c1, c2), ... by frequency; [] for none
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
     positions: str = "sinusoidal"   # or "learned": a trained table of max_positions rows (GPT-2)
     max_positions: int = 0          # rows of the learned table, the longest sequence (GPT-2's n_positions)
@@ -68,56 +68,7 @@ class Config:
     scale_embedding: bool = True    # token embedding times sqrt(h) (Vaswani et al.); GPT-2 does not scale it
 
     def __post_init__(self):
-        for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
-                            ("n_encoder_layer", 0), ("chunk_size", 0), ("window", 0), ("max_positions", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < least:
-                raise ValueError(f"{name}={value!r} must be an integer >= {least}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
-        if isinstance(self.attn, (list, tuple)):
-            self.attn = list(self.attn)
-            if len(self.attn) != self.n_layer:
-                raise ValueError(f"attn lists {len(self.attn)} kinds for n_layer={self.n_layer} layers")
-        for kind in self.layer_kinds() + [self.cross_attn]:
-            if kind not in ATTENTION_KINDS:
-                raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
-        for name in ("feature_size", "cross_feature_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-        if "rfa" in self.layer_kinds() and self.feature_size % 2:
-            raise ValueError("rfa uses sin and cos features: feature_size must be even")
-        if self.cross_attn == "rfa" and self.cross_feature_size % 2:
-            raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
-        self.check_adaptive()
-        self.check_gpt2_switches()
-
-    def check_gpt2_switches(self):
-        """The switches GPT-2 needs: learned positions and their number, the GELU, the unscaled embedding."""
-        if self.positions not in POSITIONS:
-            raise ValueError(f"positions={self.positions!r}: choose one of {', '.join(POSITIONS)}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation={self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        if (self.positions == "learned") != (self.max_positions > 0):
-            raise ValueError(f"max_positions={self.max_positions} with {self.positions} positions: a learned table "
-                             f"needs its length (> 0), sinusoidal positions take 0 (they have no end)")
-        if not isinstance(self.scale_embedding, bool):
-            raise ValueError(f"scale_embedding={self.scale_embedding!r} must be True or False")
-
-    def check_adaptive(self):
-        self.adaptive_cutoffs = list(self.adaptive_cutoffs)
-        if not self.adaptive_cutoffs:
-            return
-        edges = [0, *self.adaptive_cutoffs, self.vocab_size]
-        if any(not isinstance(c, int) for c in self.adaptive_cutoffs) or edges != sorted(set(edges)):
-            raise ValueError(f"adaptive_cutoffs={self.adaptive_cutoffs} must increase strictly inside (0, "
-                             f"vocab_size={self.vocab_size})")
-        if self.adaptive_factor < 1 or self.d_model // self.adaptive_factor ** len(self.adaptive_cutoffs) < 1:
-            raise ValueError(f"adaptive_factor={self.adaptive_factor} leaves the last band no dimension of "
-                             f"d_model={self.d_model}")
-        if self.n_encoder_layer or not self.tie_embeddings:
-            raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, "
-                             "and no encoder")
+        check_config(self, ATTENTION_KINDS, ACTIVATIONS)  # one-line errors for what cannot be
 
     def layer_kinds(self) -> list:
         """The causal self-attention kind of each decoder layer, bottom to top."""
@@ -129,7 +80,7 @@ class Config:
 
 
 # -----------------------------------------------------------------------------
-# Feature maps phi: (B, H, T, d) -> (B, H, T, k). One module per attention layer.
+# Feature maps phi (Eq. 3): (B, H, T, d) -> (B, H, T, k). One module per attention layer.
 # Called as fq, fk = phi(q, k) so that both sides of a head see the same map.
 
 class T2RFeatureMap(nn.Module):
@@ -310,71 +261,6 @@ def read_state(fq, Sz):
 
 
 # -----------------------------------------------------------------------------
-# The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
-# tokens, the linear feature map over everything before them, in one normalisation:
-#   out_i = ( sum_{i-W<j<=i} g exp(s_ij - m_i) v_j + sum_{j<=i-W} phi(q_i).phi(k_j) v_j )
-#           / ( sum_{i-W<j<=i} g exp(s_ij - m_i)     + sum_{j<=i-W} phi(q_i).phi(k_j) )
-#   s_ij = q_i.k_j / sqrt(d),  m_i = max over the window,  g > 0 learned per head
-# W >= T is softmax attention; W = 0 is plain linear attention. Shapes as above, q and k (B, H, T, d) too;
-# gate (H,) is g.
-
-def window_weights(q, k, fq, fk, window: int, gate):
-    """The (B, H, T, T) unnormalised weights of the hybrid: the readable reference, O(T^2)."""
-    T = q.shape[2]
-    i, j = torch.arange(T, device=q.device)[:, None], torch.arange(T, device=q.device)[None, :]
-    in_window, before = (j <= i) & (j > i - window), j <= i - window  # (T, T)
-    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~in_window, float("-inf"))
-    m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).min)  # finite also when W = 0
-    # the two sums of the numerator and denominator, term by term: g exp(s_ij - m_i) and phi(q_i).phi(k_j)
-    return gate[:, None, None] * torch.exp(s - m) + (fq @ fk.transpose(-1, -2)) * before
-
-
-def window_attention_quadratic(q, k, fq, fk, v, window: int, gate):
-    weights = window_weights(q, k, fq, fk, window, gate)
-    return normalize(weights @ v, weights.sum(-1))
-
-
-def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int):
-    """The same with memory linear in T: each chunk of C queries against the C + W - 1 keys that can be in
-    their windows, and the linear part as causal linear attention on keys and values W positions late."""
-    B, H, T, d = v.shape
-    C, W = chunk_size, window
-    # sum_{j<=i-W} phi(q_i).phi(k_j) v_j: key j counts from query j + W on
-    late = (F.pad(t, (0, 0, W, 0))[:, :, :T] for t in (fk, v))
-    numerator, denominator = linear_attention_chunked_sums(fq, *late, C)
-    if W == 0:
-        return normalize(numerator, denominator)
-    pad = -T % C
-    n = (T + pad) // C
-    qc = F.pad(q, (0, 0, 0, pad)).view(B, H, n, C, d)  # (B, H, n, C, d)
-    kc, vc = (F.pad(t, (0, 0, W - 1, pad)).unfold(2, C + W - 1, C).transpose(-1, -2) for t in (k, v))
-    a, b = torch.arange(C, device=q.device)[:, None], torch.arange(C + W - 1, device=q.device)[None, :]
-    start = torch.arange(n, device=q.device)[:, None, None] * C - (W - 1)  # position of each block's key 0
-    mask = (b >= a) & (b <= a + W - 1) & (start + b >= 0)  # (n, C, C + W - 1): in the window, not padding
-    s = (qc @ kc.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, float("-inf"))  # (B, H, n, C, C+W-1)
-    e = gate[:, None, None, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
-    numerator = numerator + (e @ vc).view(B, H, n * C, d)[:, :, :T]
-    denominator = denominator + e.sum(-1).view(B, H, n * C)[:, :, :T]
-    return normalize(numerator, denominator)
-
-
-def window_attention_step(q, k, fq, v, state, window: int, gate, feature_map):
-    """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
-    buffer and [S | z] of the tokens that have left it: O(W d + k d) per head at every length."""
-    t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
-    if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
-        fk_old = feature_map(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
-        add_to_state(fk_old, F.pad(state["v"][:, :, slot], (0, 1), value=1.0), Sz)
-    state["k"][:, :, slot], state["v"][:, :, slot] = k, v
-    state["length"] = t + 1
-    keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)
-    s = (keys @ q[..., None])[..., 0] / math.sqrt(q.shape[-1])  # (B, H, min(t + 1, W))
-    e = gate[:, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
-    both = (fq[:, :, None] @ Sz)[:, :, 0]  # [numerator | denominator] of the tokens before the window
-    return normalize((e[:, :, None] @ values)[:, :, 0] + both[..., :-1], e.sum(-1) + both[..., -1])
-
-
-# -----------------------------------------------------------------------------
 # Multi-head attention modules
 
 class Attention(nn.Module):
@@ -458,14 +344,6 @@ class SoftmaxAttention(Attention):
         q, k, v = self.project(x, x if source is None else source)
         return self.merge(softmax_attention(q, k, v, self.causal and source is None, key_mask))
 
-    def attention_weights(self, x):
-        """The causal distributions of Eq. 2 as a (B, H, T, T) matrix, for the analysis of section 4."""
-        q, k, _ = self.project(x, x)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)  # (B, H, T, T)
-        T = x.shape[1]
-        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        return scores.masked_fill(future, float("-inf")).softmax(-1)
-
     # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=False)
@@ -489,19 +367,16 @@ class SoftmaxAttention(Attention):
 class LinearAttention(Attention):
     """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
 
-    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0, window=0):
+    foldable = True  # Eq. 8 applies to a t2r layer (after_t2r.py's window layers keep q and k for their softmax)
+
+    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0):
         super().__init__(d_model, n_head, causal)
-        self.kind, self.chunk_size, self.window = kind, chunk_size, window
+        self.kind, self.chunk_size = kind, chunk_size
         self.feature_size = self.d_head if kind == "elu" else feature_size
         self.feature_map = make_feature_map(kind, n_head, self.d_head, feature_size)
-        if window:  # log g of the hybrid, per head: g = 1 at the start
-            self.window_gate = nn.Parameter(torch.zeros(n_head))
-        self.transfer, self.transfer_error = False, None  # set by attention_transfer
 
     def forward(self, x, source=None, key_mask=None):
         q, k, v = self.project(x, x if source is None else source)
-        if self.transfer:
-            return self.transfer_forward(q, k, v, source is not None, key_mask)
         return self.merge(self.attend(q, k, v, source is not None, key_mask).to(x.dtype))
 
     def attend(self, q, k, v, cross: bool, key_mask=None):
@@ -513,62 +388,30 @@ class LinearAttention(Attention):
             fq, fk = self.feature_map(q, k)
             if cross or not self.causal:
                 return linear_attention_noncausal(fq, fk, v, key_mask)
-            if self.window:
-                gate = self.window_gate.to(dtype).exp()
-                if self.chunk_size:
-                    return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
-                return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
-            if self.chunk_size:
-                return linear_attention_chunked(fq, fk, v, self.chunk_size)
-            return linear_attention_quadratic(fq, fk, v, causal=True)
+            return self.causal_form(q, k, fq, fk, v)
 
-    def transfer_forward(self, q, k, v, cross: bool, key_mask):
-        """The attention-transfer run (see `attention_transfer`): pass on the softmax attention of this layer's own
-        q, k, v, the teacher's output exactly, and keep the squared error of the linear attention against it."""
-        q, k, v = q.detach(), k.detach(), v.detach()  # the teacher's projections: only phi (and g) learn
-        target = softmax_attention(q, k, v, self.causal and not cross, key_mask)  # Eq. 2
-        own = self.attend(q, k, v, cross, key_mask)
-        self.transfer_error = (own - target.to(own.dtype)).pow(2).mean((1, 3))  # (B, T), mean over heads and d
-        return self.merge(target)
-
-    def attention_weights(self, x):
-        """The causal weights sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 (of the hybrid, for window layers)
-        as a (B, H, T, T) matrix (float32), for the analysis of section 4. The forms above never build it."""
-        if self.window:
-            q, k, _ = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
-            with full_precision(x.device):
-                fq, fk = self.feature_map(q, k)
-                weights = window_weights(q, k, fq, fk, self.window, self.window_gate.to(q.dtype).exp())
-                return normalize(weights, weights.sum(-1))
-        q, k, _ = (t.to(state_dtype(t.dtype)) for t in self.project(x, x))
-        with full_precision(x.device):
-            fq, fk = self.feature_map(q, k)
-            sim = masked_similarity(fq, fk, causal=True)  # (B, H, T, T)
-            return normalize(sim, sim.sum(-1))  # the same epsilon rule as every form
+    def causal_form(self, q, k, fq, fk, v):
+        if self.chunk_size:
+            return linear_attention_chunked(fq, fk, v, self.chunk_size)
+        return linear_attention_quadratic(fq, fk, v, causal=True)
 
     # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=True)
-        Sz = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
-                         dtype=state_dtype(dtype))  # (B, H, k, d + 1)
-        if not self.window:
-            return {"Sz": Sz}
-        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=Sz.dtype)
-        return {"Sz": Sz, "k": ring, "v": ring.clone(), "length": 0}  # the last W keys and values
+        return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
+                                  dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
 
     def step(self, x, state):  # x (B, h) -> (B, h)
         Sz, w = state["Sz"], self.q_proj.out_features // self.n_head  # w: d, or k once folded
         qkv1 = self.project_step(x, append_one=True).to(Sz.dtype)[:, :, None]  # (B, H, 1, 2 w + d + 1)
-        q, k, v1 = qkv1[..., :w], qkv1[..., w:2 * w], qkv1[..., 2 * w:]
         with full_precision(x.device):
-            if self.window:
-                (fq,) = self.feature_map(q)
-                out = window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1], state,
-                                            self.window, self.window_gate.to(q.dtype).exp(), self.feature_map)
-            else:
-                fq, fk = self.feature_map(q, k)  # (B, H, 1, k)
-                out = linear_attention_step(fq, fk, v1, Sz)  # Eqs. 6-7
+            out = self.recur(qkv1[..., :w], qkv1[..., w:2 * w], qkv1[..., 2 * w:], state)
         return self.merge_step(out.to(x.dtype))
+
+    def recur(self, q, k, v1, state):
+        """q, k (B, H, 1, w), v1 = [v | 1] (B, H, 1, d + 1) -> (B, H, d)"""
+        fq, fk = self.feature_map(q, k)  # (B, H, 1, k)
+        return linear_attention_step(fq, fk, v1, state["Sz"])  # Eqs. 6-7
 
     def init_cross_state(self, source, key_mask):
         """[S | z] of the whole (masked) source, computed once per sentence."""
@@ -586,31 +429,19 @@ class LinearAttention(Attention):
             out = read_state(fq, state["Sz"])  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
-    @torch.no_grad()
-    def fold_(self):
-        """Eq. 8: W~ = W_phi W and b~ = b_phi + W_phi b for queries and keys; phi becomes a plain relu."""
-        W_phi, b_phi = self.feature_map.weight, self.feature_map.bias  # (H, k, d), (H, k)
-        H, k, d = W_phi.shape
-        for name in ("q_proj", "k_proj"):
-            proj = getattr(self, name)
-            W = proj.weight.view(H, d, -1)  # (H, d, h)
-            b = proj.bias.view(H, d, 1)  # (H, d, 1)
-            folded = nn.Linear(W.shape[-1], H * k, device=W.device, dtype=W.dtype)
-            folded.weight.copy_((W_phi @ W).reshape(H * k, -1))  # Eq. 8c
-            folded.bias.copy_((b_phi + (W_phi @ b).squeeze(-1)).reshape(H * k))  # Eq. 8d
-            setattr(self, name, folded)
-        self.feature_map = FoldedT2RFeatureMap()
-
 
 def make_attention(kind: str, config: Config, causal: bool, feature_size: int) -> Attention:
     if kind == "softmax":
         return SoftmaxAttention(config.d_model, config.n_head, causal)
-    chunk, window = (config.chunk_size, config.window) if causal else (0, 0)
-    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size, chunk, window)
+    if causal and config.window:  # the sliding-window hybrid, which came after T2R
+        from after_t2r import WindowAttention
+        return WindowAttention(config.d_model, config.n_head, kind, feature_size, config.chunk_size, config.window)
+    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size,
+                           config.chunk_size if causal else 0)
 
 
 # -----------------------------------------------------------------------------
-# Transformer layers
+# The transformer: layers, embeddings, the language model and the translator
 
 class Block(nn.Module):
     """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm."""
@@ -685,52 +516,6 @@ class Embedding(nn.Module):
         return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
 
 
-# -----------------------------------------------------------------------------
-# Adaptive input and adaptive softmax (Baevski & Auli, 2019): the paper's WikiText-103 model (section 3.2.1,
-# cutoffs 20000 and 60000). The vocabulary, in order of frequency, is cut into bands; band i embeds in
-# h / factor^i dimensions and projects them to h, so that rare words cost few parameters. The softmax mirrors it,
-# with the same (tied) weights: the head scores the first band's words and one entry per other band,
-#   log p(w | x) = log p(band(w) | x) + log p(w | band(w), x)       (a two-level softmax)
-
-def band_edges(config: Config) -> list:
-    return list(zip([0, *config.adaptive_cutoffs], [*config.adaptive_cutoffs, config.vocab_size]))
-
-
-class AdaptiveInput(nn.Module):
-    def __init__(self, config: Config):
-        super().__init__()
-        self.edges = band_edges(config)
-        dims = [config.d_model // config.adaptive_factor ** i for i in range(len(self.edges))]
-        self.bands = nn.ModuleList(nn.Embedding(hi - lo, d) for (lo, hi), d in zip(self.edges, dims))
-        self.projections = nn.ModuleList(nn.Linear(d, config.d_model, bias=False) for d in dims)  # (h, d_i) each
-
-    def forward(self, tokens):  # (B, T) -> (B, T, h)
-        out = self.projections[0].weight.new_zeros(*tokens.shape, self.projections[0].out_features)
-        for (lo, hi), band, projection in zip(self.edges, self.bands, self.projections):
-            inside = (tokens >= lo) & (tokens < hi)
-            out = out.index_put((inside,), projection(band(tokens[inside] - lo)).to(out.dtype))
-        return out
-
-
-class AdaptiveSoftmax(nn.Module):
-    """Log-probabilities (B, T, V), normalised in float32: what a model's logits are for, since
-    softmax(log p) = p, so the loss, sampling and beam search take them unchanged."""
-
-    def __init__(self, config: Config, tied: AdaptiveInput):
-        super().__init__()
-        self.tied = tied  # the input's embeddings and projections, shared (registered twice, stored once)
-        self.band_entries = nn.Linear(config.d_model, len(tied.bands) - 1, bias=False)  # the head's other bands
-
-    def forward(self, x):  # (B, T, h) -> (B, T, V)
-        # each band's scores: x projected down to the band's size, against its embeddings: (x W_i) E_i^T
-        wide = lambda t: t.to(torch.promote_types(t.dtype, torch.float32))  # float32 at least, under autocast too
-        scores = [wide(F.linear(x @ p.weight, e.weight)) for e, p in zip(self.tied.bands, self.tied.projections)]
-        head = torch.log_softmax(torch.cat([scores[0], wide(self.band_entries(x))], dim=-1), dim=-1)
-        n0 = scores[0].shape[-1]
-        tails = [head[..., n0 + i: n0 + i + 1] + torch.log_softmax(s, dim=-1) for i, s in enumerate(scores[1:])]
-        return torch.cat([head[..., :n0], *tails], dim=-1)
-
-
 class TransformerBase(nn.Module):
     """Weight init, the output head and the recurrent state shared by both models."""
 
@@ -802,7 +587,6 @@ class TransformerLM(TransformerBase):
                                      for layer in self.layers]}
 
 
-
 class Seq2SeqTransformer(TransformerBase):
     """Encoder-decoder translator, embeddings shared by source, target and output (joint BPE).
     model(src, tgt_in) -> logits; init_state(src) encodes; step decodes one token."""
@@ -836,17 +620,6 @@ class Seq2SeqTransformer(TransformerBase):
             for layer in self.layers]}
 
 
-def reorder_state(state, index):
-    """Select batch rows of a recurrent state (beam search reorders hypotheses)."""
-    if torch.is_tensor(state):
-        return state.index_select(0, index)
-    if isinstance(state, dict):
-        return {key: reorder_state(value, index) for key, value in state.items()}
-    if isinstance(state, list):
-        return [reorder_state(value, index) for value in state]
-    return state  # positions and lengths are shared by the whole batch
-
-
 def state_bytes(state) -> int:
     """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
     if torch.is_tensor(state):
@@ -858,16 +631,6 @@ def state_bytes(state) -> int:
     return 0
 
 
-def feature_sizes(config: Config) -> tuple:
-    """(k of the converted causal attention, k of the cross attention) as the tables report them, None where
-    the attention is softmax (a translator's cross attention; a language model has none). elu has k = d."""
-    def k(kinds, size):
-        kinds = set(kinds) - {"softmax"}
-        return None if not kinds else config.d_model // config.n_head if kinds == {"elu"} else size
-    cross = k([config.cross_attn], config.cross_feature_size) if config.n_encoder_layer else None
-    return k(config.layer_kinds(), config.feature_size), cross
-
-
 def build_model(config: Config | dict) -> TransformerBase:
     """The model a config describes: a translator when it has an encoder, else a language model."""
     config = Config(**config) if isinstance(config, dict) else config
@@ -875,7 +638,7 @@ def build_model(config: Config | dict) -> TransformerBase:
 
 
 # -----------------------------------------------------------------------------
-# Swap then finetune (section 2.2) and folding (Eq. 8)
+# Swap then finetune (section 2.2)
 
 KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
 
@@ -917,7 +680,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
     if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
-    if getattr(model, "folded", False):
+    if is_folded(model):
         raise ValueError("this model is folded for inference: convert the unfolded model")
     if feature_size is None:
         feature_size = 4 if is_seq2seq else 32
@@ -929,42 +692,6 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     copy_pretrained(model, student)
     p = next(model.parameters())
     return student.to(device=p.device, dtype=p.dtype).train(model.training)
-
-
-# -----------------------------------------------------------------------------
-# Attention transfer (Hedgehog, Zhang et al. 2024; LoLCATs, Zhang et al. 2025): before finetuning, train only the
-# new feature maps so that each converted layer's linear attention reproduces the softmax attention it replaced.
-# The swap kept W_q, W_k, W_v, so the target is free: softmax attention on the layer's own q, k, v. Every layer
-# passes the target on, so the model runs exactly as the teacher did and each layer learns on the teacher's inputs:
-#   loss_l = mean_i || linear_attention_l(q_i, K, V) - softmax_attention_l(q_i, K, V) ||^2 / (H d)
-
-def linear_attention_layers(model: nn.Module) -> list:
-    """(name, module) of every linear attention layer, bottom to top (a translator's self, then cross)."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, LinearAttention)]
-
-
-def attention_transfer(model: nn.Module, *inputs, mask=None):
-    """Run a converted model (or its DDP / compiled wrapper) on `inputs` with every linear attention layer passing on
-    softmax attention. Returns (errors (L,): each layer's mean squared error, logits: the teacher's exactly).
-    mask (B, T): the query positions that count (a translator's real target tokens); None: all of them."""
-    layers = [m for _, m in linear_attention_layers(model)]
-    if not layers:
-        raise ValueError("attention transfer needs a converted model: this one has no linear attention")
-    for layer in layers:
-        layer.transfer, layer.transfer_error = True, None
-    try:
-        logits = model(*inputs)
-    finally:
-        for layer in layers:
-            layer.transfer = False
-    errors = []
-    for layer in layers:
-        e, layer.transfer_error = layer.transfer_error, None  # (B, T); None where LayerDrop skipped the layer
-        if e is None:
-            errors.append(logits.new_zeros((), dtype=torch.float32))
-        else:
-            errors.append(e.mean() if mask is None else (e * mask).sum() / mask.sum().clamp_min(1))
-    return torch.stack(errors), logits
 
 
 @torch.no_grad()
@@ -982,13 +709,33 @@ def copy_pretrained(teacher: nn.Module, student: nn.Module):
         target[name].copy_(tensor)
 
 
+
+# -----------------------------------------------------------------------------
+# Folding (Eq. 8): for inference, W_phi merges into W_q and W_k, so q and k are never formed
+
+@torch.no_grad()
+def fold_feature_map(attn: LinearAttention):
+    """Eq. 8: W~ = W_phi W and b~ = b_phi + W_phi b for queries and keys; phi becomes a plain relu."""
+    W_phi, b_phi = attn.feature_map.weight, attn.feature_map.bias  # (H, k, d), (H, k)
+    H, k, d = W_phi.shape
+    for name in ("q_proj", "k_proj"):
+        proj = getattr(attn, name)
+        W, b = proj.weight.view(H, d, -1), proj.bias.view(H, d, 1)  # (H, d, h), (H, d, 1)
+        folded = nn.Linear(W.shape[-1], H * k, device=W.device, dtype=W.dtype)
+        folded.weight.copy_((W_phi @ W).reshape(H * k, -1))  # Eq. 8c
+        folded.bias.copy_((b_phi + (W_phi @ b).squeeze(-1)).reshape(H * k))  # Eq. 8d
+        setattr(attn, name, folded)
+    attn.feature_map = FoldedT2RFeatureMap()
+
+
 def fold(model: TransformerBase) -> TransformerBase:
-    """A copy for inference with every T2R feature map merged into W_q and W_k (Eq. 8):
-    q and k are never formed, and the outputs are unchanged."""
+    """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged."""
     folded = copy.deepcopy(model).eval()
     for module in folded.modules():
-        # a window layer stays as it is: its softmax needs q and k themselves, which folding would not form
-        if isinstance(module, LinearAttention) and module.kind == "t2r" and not module.window:
-            module.fold_()
-    folded.folded = any(isinstance(m, FoldedT2RFeatureMap) for m in folded.modules())
+        if isinstance(module, LinearAttention) and module.kind == "t2r" and module.foldable:
+            fold_feature_map(module)
     return folded
+
+
+def is_folded(model: nn.Module) -> bool:
+    return any(isinstance(m, FoldedT2RFeatureMap) for m in model.modules())

@@ -31,7 +31,8 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
 from sru import SRUConfig, SRUppLM
-from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, feature_sizes, is_feature_map_parameter
+from support.configs import feature_sizes
+from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, is_feature_map_parameter
 from support.training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.

@@ -26,7 +26,8 @@ from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_s
                          load_teacher, main_job, model_name, resolve_run_flags, student_of)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
-from t2r import Config, Seq2SeqTransformer, feature_sizes
+from support.configs import feature_sizes
+from t2r import Config, Seq2SeqTransformer
 from support.training import Task, get_lr_inverse_sqrt
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 

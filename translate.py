@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from support import mt_data
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
-from t2r import fold, reorder_state
+from t2r import fold
 from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
                              load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
 
@@ -84,6 +84,17 @@ def strip(ids: list) -> list:
 
 
 @torch.no_grad()
+def reorder_state(state, index):
+    """Select batch rows of a recurrent state (beam search reorders hypotheses)."""
+    if torch.is_tensor(state):
+        return state.index_select(0, index)
+    if isinstance(state, dict):
+        return {key: reorder_state(value, index) for key, value in state.items()}
+    if isinstance(state, list):
+        return [reorder_state(value, index) for value in state]
+    return state  # positions and lengths are shared by the whole batch
+
+
 def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10) -> list:
     """Batched beam search on recurrent states. Returns per sentence the best finished hypothesis as
     (tokens, log p(tokens + </s>), log p / (len + 1)^lenpen), the last being what beams are ranked by.

@@ -6,6 +6,7 @@ import os
 import torch
 import torch.nn as nn
 
+from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from generate import CapturedStep
 from support.runtime import load_checkpoint
@@ -137,6 +138,8 @@ def train_model(section, name, args):
         config = lm_config(args)
         if kind == "softmax":
             return SoftmaxAttention(config.d_model, config.n_head, causal=True).to(args.device)
-        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk, window).to(args.device)
+        if window:
+            return WindowAttention(config.d_model, config.n_head, "t2r", 32, chunk, window).to(args.device)
+        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk).to(args.device)
     model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
     return load_fitting(model, args).to(args.device).train()

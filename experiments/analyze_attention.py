@@ -20,19 +20,41 @@ and left out of the entropy. RFA's weights can be negative (sin/cos features); i
 positive part, renormalised.
 """
 
+import math
 import os
 
 import numpy as np
 import torch
 
 from support import data
-from t2r import convert, feature_sizes
+from support.configs import feature_sizes
+from after_t2r import WindowAttention, window_weights
+from t2r import SoftmaxAttention, convert, full_precision, masked_similarity, normalize, state_dtype
 from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
 
 
 # -----------------------------------------------------------------------------
 # The measures
+
+def attention_weights(attn, x):
+    """The causal weights of a self-attention layer on its input x (B, T, h) as a (B, H, T, T) matrix: the
+    distributions of Eq. 2 for softmax; sim~(q_i, k_j) / sum_l sim~(q_i, k_l) of Eq. 4 for linear attention, with
+    the forms' epsilon rule (in float32); the hybrid's weights for a window layer. The forms never build it."""
+    if isinstance(attn, SoftmaxAttention):
+        q, k, _ = attn.project(x, x)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(attn.d_head)  # (B, H, T, T)
+        future = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).triu(1)
+        return scores.masked_fill(future, float("-inf")).softmax(-1)
+    q, k, _ = (t.to(state_dtype(t.dtype)) for t in attn.project(x, x))
+    with full_precision(x.device):
+        fq, fk = attn.feature_map(q, k)
+        if isinstance(attn, WindowAttention):
+            weights = window_weights(q, k, fq, fk, attn.window, attn.window_gate.to(q.dtype).exp())
+        else:
+            weights = masked_similarity(fq, fk, causal=True)
+        return normalize(weights, weights.sum(-1))
+
 
 @torch.no_grad()
 def last_query_attention(model, windows: torch.Tensor, batch_size: int = 16) -> torch.Tensor:
@@ -48,7 +70,7 @@ def last_query_attention(model, windows: torch.Tensor, batch_size: int = 16) -> 
         for i in range(0, len(windows), batch_size):
             inputs.clear()
             model(windows[i : i + batch_size].to(device))
-            per_layer = [layer.self_attn.attention_weights(x)[:, :, -1, :].float().cpu()  # (B, H, T)
+            per_layer = [attention_weights(layer.self_attn, x)[:, :, -1, :].float().cpu()  # (B, H, T)
                          for layer, x in zip(model.layers, inputs)]
             rows.append(torch.stack(per_layer, dim=1))  # (B, L, H, T)
     finally:

@@ -33,7 +33,8 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from t2r import Config, feature_sizes
+from support.configs import feature_sizes
+from t2r import Config
 from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import Records, machine, weights_of

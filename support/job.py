@@ -17,7 +17,8 @@ from support.hf import is_hf
 from support.runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config,
                              serializable, seed, setup_distributed, take_saved_flags)
-from t2r import ATTENTION_KINDS, Config, convert, feature_sizes
+from support.configs import feature_sizes
+from t2r import ATTENTION_KINDS, Config, convert
 from support.training import evaluate_finished, train
 
 

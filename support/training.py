@@ -25,7 +25,7 @@ try:
 except ImportError:
     fcntl = None
 
-from t2r import attention_transfer, linear_attention_layers
+from after_t2r import attention_transfer, linear_attention_layers
 from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
                              get_device, load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state,
                              save_checkpoint, serializable, set_rng_state, unwrap, write_json)

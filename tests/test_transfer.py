@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+import after_t2r
 import t2r
 import train_lm
 import train_mt
@@ -50,22 +51,22 @@ def test_the_carried_forward_run_is_the_teachers(pair, batch, window):
     teacher, student = pair(window)
     inputs = batch()
     with torch.no_grad():
-        errors, logits = t2r.attention_transfer(student, *inputs)
+        errors, logits = after_t2r.attention_transfer(student, *inputs)
         expected = teacher(*inputs)
     assert report(f"transfer run vs teacher logits (W={window})", (logits - expected).abs().max()) == 0
-    assert len(errors) == len(t2r.linear_attention_layers(student)) and (errors > 0).all()
+    assert len(errors) == len(after_t2r.linear_attention_layers(student)) and (errors > 0).all()
 
 
 def test_the_error_is_zero_where_the_window_covers_the_text():
     _, student = lm_pair(window=T)  # softmax over the last T tokens: all of them
-    errors, _ = t2r.attention_transfer(student, *lm_batch())
+    errors, _ = after_t2r.attention_transfer(student, *lm_batch())
     assert report("transfer error, W = T", errors.abs().max()) < 1e-25
 
 
 def test_the_translators_cross_attention_has_its_own_error():
     _, student = mt_pair(window=T)
-    names = [name for name, _ in t2r.linear_attention_layers(student)]
-    errors, _ = t2r.attention_transfer(student, *mt_batch(), mask=mt_batch()[1] != 0)
+    names = [name for name, _ in after_t2r.linear_attention_layers(student)]
+    errors, _ = after_t2r.attention_transfer(student, *mt_batch(), mask=mt_batch()[1] != 0)
     causal = torch.stack([e for e, n in zip(errors, names) if "self_attn" in n])
     cross = torch.stack([e for e, n in zip(errors, names) if "cross_attn" in n])
     print(dict(zip(names, errors.tolist())))
@@ -76,17 +77,17 @@ def test_the_translators_cross_attention_has_its_own_error():
 def test_padded_queries_do_not_count():
     _, student = mt_pair()
     src, tgt = mt_batch()
-    errors, _ = t2r.attention_transfer(student, src, tgt, mask=tgt != 0)
+    errors, _ = after_t2r.attention_transfer(student, src, tgt, mask=tgt != 0)
     tgt_other_padding = tgt.clone()
     tgt_other_padding[1, 6:] = 5  # other tokens where the mask is off: causal attention keeps them out of the rest
-    again, _ = t2r.attention_transfer(student, src, tgt_other_padding, mask=tgt != 0)
+    again, _ = after_t2r.attention_transfer(student, src, tgt_other_padding, mask=tgt != 0)
     assert report("masked error, other padding", (errors - again).abs().max()) < 1e-15
 
 
 @pytest.mark.parametrize("window", [0, 3])
 def test_only_feature_maps_and_window_gates_get_gradients(window):
     _, student = lm_pair(window)
-    errors, _ = t2r.attention_transfer(student.train(), *lm_batch())
+    errors, _ = after_t2r.attention_transfer(student.train(), *lm_batch())
     errors.sum().backward()
     learned = {name for name, p in student.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert learned and all(t2r.is_feature_map_parameter(name) for name in learned), sorted(learned)
@@ -100,7 +101,7 @@ def test_the_error_of_every_layer_falls():
     tokens = torch.randint(0, 37, (8, 16), generator=torch.Generator().manual_seed(5))
     history = []
     for _ in range(40):
-        errors, _ = t2r.attention_transfer(student, tokens)
+        errors, _ = after_t2r.attention_transfer(student, tokens)
         optimizer.zero_grad()
         errors.sum().backward()
         optimizer.step()
@@ -112,7 +113,7 @@ def test_the_error_of_every_layer_falls():
 def test_a_softmax_model_has_nothing_to_transfer():
     teacher, _ = lm_pair()
     with pytest.raises(ValueError, match="no linear attention"):
-        t2r.attention_transfer(teacher, *lm_batch())
+        after_t2r.attention_transfer(teacher, *lm_batch())
 
 
 # -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import after_t2r
 import t2r
 from conftest import report
 from t2r import Seq2SeqTransformer, TransformerLM
@@ -37,9 +38,9 @@ def outputs_and_grads(fn, tensors):
 @pytest.mark.parametrize("window", [0, 1, 3, T - 1, T, T + 3])
 def test_chunked_equals_quadratic_with_gradients(window, chunk_size):
     x = inputs()
-    ref, ref_grads = outputs_and_grads(lambda q, k, fq, fk, v, g: t2r.window_attention_quadratic(
+    ref, ref_grads = outputs_and_grads(lambda q, k, fq, fk, v, g: after_t2r.window_attention_quadratic(
         q, k, fq, fk, v, window, g), x)
-    out, grads = outputs_and_grads(lambda q, k, fq, fk, v, g: t2r.window_attention_chunked(
+    out, grads = outputs_and_grads(lambda q, k, fq, fk, v, g: after_t2r.window_attention_chunked(
         q, k, fq, fk, v, window, g, chunk_size), x)
     assert report(f"W={window} C={chunk_size}: chunked vs quadratic", (out - ref).abs().max()) < 1e-12
     diff = max((a - b).abs().max() for a, b in zip(grads, ref_grads))
@@ -49,14 +50,14 @@ def test_chunked_equals_quadratic_with_gradients(window, chunk_size):
 @pytest.mark.parametrize("window", [T, T + 3])
 def test_a_window_as_long_as_the_text_is_softmax(window):
     q, k, fq, fk, v, gate = inputs()
-    out = t2r.window_attention_quadratic(q, k, fq, fk, v, window, gate)
+    out = after_t2r.window_attention_quadratic(q, k, fq, fk, v, window, gate)
     sdpa = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert report(f"W={window} vs scaled_dot_product_attention", (out - sdpa).abs().max()) < 1e-12
 
 
 def test_no_window_is_linear_attention():
     q, k, fq, fk, v, gate = inputs()
-    out = t2r.window_attention_quadratic(q, k, fq, fk, v, 0, gate)
+    out = after_t2r.window_attention_quadratic(q, k, fq, fk, v, 0, gate)
     linear = t2r.linear_attention_quadratic(fq, fk, v, causal=True)
     assert report("W=0 vs linear attention", (out - linear).abs().max()) == 0
 
@@ -69,12 +70,12 @@ def test_step_equals_the_quadratic_form(window):
     def phi(*xs):  # a feature map, as the modules call it: (B, H, T, d) -> (B, H, T, k)
         return tuple(F.relu(torch.einsum("bhtd,hkd->bhtk", x, W_phi)) for x in xs)
     fq, fk = phi(q, k)
-    ref = t2r.window_attention_quadratic(q, k, fq, fk, v, window, gate)
+    ref = after_t2r.window_attention_quadratic(q, k, fq, fk, v, window, gate)
     B, H, _, d = v.shape
     state = {"Sz": torch.zeros(B, H, 5, d + 1, dtype=torch.float64),  # [S | z]
              "k": torch.zeros(B, H, window, d, dtype=torch.float64),
              "v": torch.zeros(B, H, window, d, dtype=torch.float64), "length": 0}
-    steps = [t2r.window_attention_step(q[:, :, i], k[:, :, i], fq[:, :, i], v[:, :, i], state, window, gate, phi)
+    steps = [after_t2r.window_attention_step(q[:, :, i], k[:, :, i], fq[:, :, i], v[:, :, i], state, window, gate, phi)
              for i in range(T)]
     assert report(f"W={window}: step vs quadratic", (torch.stack(steps, 2) - ref).abs().max()) < 1e-12
 

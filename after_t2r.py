@@ -1,0 +1,159 @@
+"""
+What came after T2R, on top of t2r.py: the sliding-window hybrid (softmax over the last W tokens, linear attention
+before them) and attention transfer (train the new feature maps to imitate softmax before finetuning). Both are
+conversion methods of the linearizing work since T2R (Hedgehog, LoLCATs, Liger).
+
+    python train_lm.py --init pretrained --window 64             # convert to the hybrid, finetune
+    python train_lm.py --init pretrained --transfer_steps 200    # attention transfer first, then finetune
+    python -m pytest -q tests/test_window.py tests/test_transfer.py
+"""
+
+import math
+from functools import partial
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from t2r import LinearAttention, add_to_state, linear_attention_chunked_sums, normalize, softmax_attention
+
+# -----------------------------------------------------------------------------
+# The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
+# tokens, the linear feature map over everything before them, in one normalisation:
+#   out_i = ( sum_{i-W<j<=i} g exp(s_ij - m_i) v_j + sum_{j<=i-W} phi(q_i).phi(k_j) v_j )
+#           / ( sum_{i-W<j<=i} g exp(s_ij - m_i)     + sum_{j<=i-W} phi(q_i).phi(k_j) )
+#   s_ij = q_i.k_j / sqrt(d),  m_i = max over the window,  g > 0 learned per head
+# W >= T is softmax attention; W = 0 is plain linear attention. Shapes as above, q and k (B, H, T, d) too;
+# gate (H,) is g.
+
+def window_weights(q, k, fq, fk, window: int, gate):
+    """The (B, H, T, T) unnormalised weights of the hybrid: the readable reference, O(T^2)."""
+    T = q.shape[2]
+    i, j = torch.arange(T, device=q.device)[:, None], torch.arange(T, device=q.device)[None, :]
+    in_window, before = (j <= i) & (j > i - window), j <= i - window  # (T, T)
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(~in_window, float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(torch.finfo(s.dtype).min)  # finite also when W = 0
+    # the two sums of the numerator and denominator, term by term: g exp(s_ij - m_i) and phi(q_i).phi(k_j)
+    return gate[:, None, None] * torch.exp(s - m) + (fq @ fk.transpose(-1, -2)) * before
+
+
+def window_attention_quadratic(q, k, fq, fk, v, window: int, gate):
+    weights = window_weights(q, k, fq, fk, window, gate)
+    return normalize(weights @ v, weights.sum(-1))
+
+
+def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int):
+    """The same with memory linear in T: each chunk of C queries against the C + W - 1 keys that can be in
+    their windows, and the linear part as causal linear attention on keys and values W positions late."""
+    B, H, T, d = v.shape
+    C, W = chunk_size, window
+    # sum_{j<=i-W} phi(q_i).phi(k_j) v_j: key j counts from query j + W on
+    late = (F.pad(t, (0, 0, W, 0))[:, :, :T] for t in (fk, v))
+    numerator, denominator = linear_attention_chunked_sums(fq, *late, C)
+    if W == 0:
+        return normalize(numerator, denominator)
+    pad = -T % C
+    n = (T + pad) // C
+    qc = F.pad(q, (0, 0, 0, pad)).view(B, H, n, C, d)  # (B, H, n, C, d)
+    kc, vc = (F.pad(t, (0, 0, W - 1, pad)).unfold(2, C + W - 1, C).transpose(-1, -2) for t in (k, v))
+    a, b = torch.arange(C, device=q.device)[:, None], torch.arange(C + W - 1, device=q.device)[None, :]
+    start = torch.arange(n, device=q.device)[:, None, None] * C - (W - 1)  # position of each block's key 0
+    mask = (b >= a) & (b <= a + W - 1) & (start + b >= 0)  # (n, C, C + W - 1): in the window, not padding
+    s = (qc @ kc.transpose(-1, -2) / math.sqrt(d)).masked_fill(~mask, float("-inf"))  # (B, H, n, C, C+W-1)
+    e = gate[:, None, None, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
+    numerator = numerator + (e @ vc).view(B, H, n * C, d)[:, :, :T]
+    denominator = denominator + e.sum(-1).view(B, H, n * C)[:, :, :T]
+    return normalize(numerator, denominator)
+
+
+def window_attention_step(q, k, fq, v, state, window: int, gate, feature_map):
+    """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
+    buffer and [S | z] of the tokens that have left it: O(W d + k d) per head at every length."""
+    t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
+    if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
+        fk_old = feature_map(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
+        add_to_state(fk_old, F.pad(state["v"][:, :, slot], (0, 1), value=1.0), Sz)
+    state["k"][:, :, slot], state["v"][:, :, slot] = k, v
+    state["length"] = t + 1
+    keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)
+    s = (keys @ q[..., None])[..., 0] / math.sqrt(q.shape[-1])  # (B, H, min(t + 1, W))
+    e = gate[:, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
+    both = (fq[:, :, None] @ Sz)[:, :, 0]  # [numerator | denominator] of the tokens before the window
+    return normalize((e[:, :, None] @ values)[:, :, 0] + both[..., :-1], e.sum(-1) + both[..., -1])
+
+
+class WindowAttention(LinearAttention):
+    """A causal linear-attention layer as the sliding-window hybrid: softmax over the last W tokens, the feature map
+    over everything before them, with a learned gate g per head."""
+
+    foldable = False  # the window's softmax needs q and k themselves, which folding (Eq. 8) would not form
+
+    def __init__(self, d_model, n_head, kind, feature_size, chunk_size, window: int):
+        super().__init__(d_model, n_head, True, kind, feature_size, chunk_size)
+        self.window = window
+        self.window_gate = nn.Parameter(torch.zeros(n_head))  # log g per head: g = 1 at the start
+
+    def causal_form(self, q, k, fq, fk, v):
+        gate = self.window_gate.to(q.dtype).exp()
+        if self.chunk_size:
+            return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
+        return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
+
+    # Recurrent form: [S | z] as T2R's, and the last W keys and values in a ring buffer
+    def init_state(self, batch_size: int, device, dtype):
+        state = super().init_state(batch_size, device, dtype)
+        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=state["Sz"].dtype)
+        return {**state, "k": ring, "v": ring.clone(), "length": 0}
+
+    def recur(self, q, k, v1, state):
+        (fq,) = self.feature_map(q)
+        return window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1], state, self.window,
+                                     self.window_gate.to(q.dtype).exp(), self.feature_map)
+
+
+# -----------------------------------------------------------------------------
+# Attention transfer (Hedgehog, Zhang et al. 2024; LoLCATs, Zhang et al. 2025): before finetuning, train only the
+# new feature maps so that each converted layer's linear attention reproduces the softmax attention it replaced.
+# The swap kept W_q, W_k, W_v, so the target is free: softmax attention on the layer's own q, k, v. Every layer
+# passes the target on, so the model runs exactly as the teacher did and each layer learns on the teacher's inputs:
+#   loss_l = mean_i || linear_attention_l(q_i, K, V) - softmax_attention_l(q_i, K, V) ||^2 / (H d)
+
+def linear_attention_layers(model: nn.Module) -> list:
+    """(name, module) of every linear attention layer, bottom to top (a translator's self, then cross)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LinearAttention)]
+
+
+def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None):
+    """A layer's forward during attention transfer: pass on the softmax attention of the layer's own q, k, v (the
+    teacher's output exactly), and keep the squared error of its linear attention against it in errors[layer]."""
+    q, k, v = (t.detach() for t in layer.project(x, x if source is None else source))  # only phi (and g) learn
+    cross = source is not None
+    target = softmax_attention(q, k, v, layer.causal and not cross, key_mask)  # Eq. 2
+    own = layer.attend(q, k, v, cross, key_mask)
+    errors[layer] = (own - target.to(own.dtype)).pow(2).mean((1, 3))  # (B, T), mean over heads and d
+    return layer.merge(target)
+
+
+def attention_transfer(model: nn.Module, *inputs, mask=None):
+    """Run a converted model (or its DDP / compiled wrapper) on `inputs` with every linear attention layer passing on
+    softmax attention. Returns (errors (L,): each layer's mean squared error, logits: the teacher's exactly).
+    mask (B, T): the query positions that count (a translator's real target tokens); None: all of them."""
+    layers = [m for _, m in linear_attention_layers(model)]
+    if not layers:
+        raise ValueError("attention transfer needs a converted model: this one has no linear attention")
+    errors = {}
+    for layer in layers:  # for this one call, each layer's forward is imitate_softmax
+        layer.forward = partial(imitate_softmax, layer, errors)
+    try:
+        logits = model(*inputs)
+    finally:
+        for layer in layers:
+            del layer.forward
+    means = []
+    for layer in layers:
+        e = errors.get(layer)  # (B, T); None where LayerDrop skipped the layer
+        if e is None:
+            means.append(logits.new_zeros((), dtype=torch.float32))
+        else:
+            means.append(e.mean() if mask is None else (e * mask).sum() / mask.sum().clamp_min(1))
+    return torch.stack(means), logits
