@@ -6,24 +6,20 @@ A transformer whose attention can be
     t2r     : relu(W_phi q + b_phi) . relu(W_phi k + b_phi) (Eq. 3, a learned ReLU-MLP feature map)
     elu     : (elu(q) + 1) . (elu(k) + 1)                   (Katharopoulos et al., 2020)
     rfa     : random Fourier features of l2-normalised q, k (Peng et al., 2021)
-Every kind has a parallel form for training and a recurrent form for generation: the linear kinds keep a state
+Every kind has a parallel form for training and a recurrent one for generation: the linear kinds keep a state
 S (k x d) and z (k) per head (Eqs. 5-7), softmax a KV cache. `convert` is the swap of section 2.2, `fold` merges
-the feature map into W_q and W_k (Eq. 8). What came after T2R (the sliding-window hybrid, attention transfer) is in
-after_t2r.py.
+the feature map into W_q and W_k (Eq. 8). What came after T2R is in after_t2r.py.
 
-    python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune
-    python generate.py                        # sample with the recurrent form
+    python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune; python generate.py samples
     python train_mt.py --init pretrained      # the same for a translator's decoder (causal k=4, cross k=32)
     python -m pytest -q test_t2r.py           # the forms agree
-
-Shapes: B batch, T target length, S source length, H heads (r in the paper), d head size, k feature size,
-h = H * d model size, V vocabulary.
+Shapes: B batch, T target length, S source length, H heads (r), d head size, k feature size, h = H d, V vocabulary.
 """
 
 import copy
 import math
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from functools import partial
 
 import torch
@@ -31,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from support.adaptive import AdaptiveInput, AdaptiveSoftmax
-from support.configs import check_config
+from support.configs import check_config, converted_kinds
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
@@ -62,20 +58,19 @@ class Config:
     adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax (support/adaptive.py): the
     #                                 vocabulary bands [0, c1), [c1, c2), ... by frequency; [] for none
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
-    positions: str = "sinusoidal"   # or "learned": a trained table of max_positions rows (GPT-2)
-    max_positions: int = 0          # rows of the learned table, the longest sequence (GPT-2's n_positions)
+    max_positions: int = 0          # > 0: a learned table of positions, the longest sequence (GPT-2); 0: sinusoids
     activation: str = "relu"        # of the feed-forward hidden layer, or "gelu_tanh" (GPT-2's tanh approximation)
     scale_embedding: bool = True    # token embedding times sqrt(h) (Vaswani et al.); GPT-2 does not scale it
 
-    def __post_init__(self):
-        check_config(self, ATTENTION_KINDS, ACTIVATIONS)  # one-line errors for what cannot be
+    positions: InitVar[str | None] = None  # not kept: "learned" or "sinusoidal", as checkpoints before said it
 
-    def layer_kinds(self) -> list:
-        """The causal self-attention kind of each decoder layer, bottom to top."""
+    def __post_init__(self, positions):
+        check_config(self, ATTENTION_KINDS, ACTIVATIONS, positions)  # one-line errors for what cannot be
+
+    def layer_kinds(self) -> list:  # the causal self-attention kind of each decoder layer, bottom to top
         return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
 
-    def to_dict(self) -> dict:
-        """A plain dict, so checkpoints load with torch.load(weights_only=True)."""
+    def to_dict(self) -> dict:  # a plain dict, so that checkpoints load with torch.load(weights_only=True)
         return asdict(self)
 
 
@@ -93,8 +88,7 @@ class T2RFeatureMap(nn.Module):
         self.bias = nn.Parameter(torch.empty(n_head, feature_size).uniform_(-bound, bound))
 
     def phi(self, x):
-        # in x's precision: a recurrent step feeds float32 (the state's) to a model whose weights may be bf16
-        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)
+        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)  # in x's: a bf16 model's step feeds float32
         # Eq. 3b: phi(x) = relu(W_phi x + b_phi), the same MLP for the queries and keys of a head
         return F.relu(torch.einsum("bhtd,hkd->bhtk", x, weight) + bias[:, None, :])
 
@@ -105,8 +99,7 @@ class T2RFeatureMap(nn.Module):
 class FoldedT2RFeatureMap(nn.Module):
     """What is left of the T2R feature map after `fold`: W_phi now lives inside W_q and W_k (Eq. 8)."""
 
-    def forward(self, *xs):
-        # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q); the projection already produced W~_q x_i + b~_q
+    def forward(self, *xs):  # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q), the projection gave W~_q x_i + b~_q
         return tuple(F.relu(x) for x in xs)
 
 
@@ -118,12 +111,9 @@ class EluFeatureMap(nn.Module):
 
 
 class RFAFeatureMap(nn.Module):
-    """Random feature attention (Peng et al., 2021) with a learned temperature per head.
-
-    For unit vectors x, y: exp(x.y / tau^2) is proportional to exp(-|x - y|^2 / (2 tau^2)), a Gaussian
-    kernel, whose random Fourier features are sqrt(1/D) [sin(W x / tau), cos(W x / tau)], W ~ N(0, I),
-    D = k / 2 rows. W is redrawn at every training forward pass and fixed (a saved buffer) in eval.
-    """
+    """Random feature attention (Peng et al., 2021) with a learned temperature per head. For unit vectors x, y,
+    exp(x.y / tau^2) is proportional to a Gaussian kernel, whose random Fourier features are sqrt(1/D) [sin(W x / tau),
+    cos(W x / tau)], W ~ N(0, I) of D = k / 2 rows: redrawn at every training forward pass, fixed (a buffer) in eval."""
 
     def __init__(self, n_head: int, d_head: int, feature_size: int):
         super().__init__()
@@ -141,14 +131,7 @@ class RFAFeatureMap(nn.Module):
         return tuple(self.phi(x, omega) for x in xs)
 
 
-def make_feature_map(kind: str, n_head: int, d_head: int, feature_size: int) -> nn.Module:
-    if kind == "t2r":
-        return T2RFeatureMap(n_head, d_head, feature_size)
-    if kind == "elu":
-        return EluFeatureMap()
-    if kind == "rfa":
-        return RFAFeatureMap(n_head, d_head, feature_size)
-    raise ValueError(f"{kind!r} has no feature map")
+FEATURE_MAPS = {"t2r": T2RFeatureMap, "elu": lambda *sizes: EluFeatureMap(), "rfa": RFAFeatureMap}  # (H, d, k) -> phi
 
 
 # -----------------------------------------------------------------------------
@@ -157,23 +140,18 @@ def make_feature_map(kind: str, n_head: int, d_head: int, feature_size: int) -> 
 # They run in float32 (float64 when given float64) even under autocast: S and z are sums over
 # thousands of positions, and bf16 keeps only 8 significant bits.
 
-def state_dtype(dtype: torch.dtype) -> torch.dtype:
+def state_dtype(dtype: torch.dtype) -> torch.dtype:  # float32, or float64 for a float64 model
     return torch.promote_types(dtype, torch.float32)
 
 
 def full_precision(device: torch.device):
     """Switch autocast off, so the sums below are not silently cast back to bf16/fp16."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.autocast(device.type, enabled=False)
-    return nullcontext()
+    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()
 
 
 def normalize(numerator, denominator):
-    """The shared epsilon rule: numerator / max(|denominator|, EPS).
-
-    For t2r and elu features the denominator is >= 0 and abs() changes nothing; rfa's sin/cos
-    features can make it negative, and abs() keeps the weights bounded instead of exploding.
-    """
+    """The shared epsilon rule: numerator / max(|denominator|, EPS). For t2r and elu features the denominator is
+    >= 0 and abs() changes nothing; rfa's sin/cos features can make it negative, and abs() keeps the weights bounded."""
     return numerator / denominator.abs().clamp_min(EPS).unsqueeze(-1)
 
 
@@ -181,8 +159,7 @@ def masked_similarity(fq, fk, causal: bool, key_mask=None):
     """The (T, S) similarity matrix of Eq. 4, zero where a query may not look."""
     sim = fq @ fk.transpose(-1, -2)  # (B, H, T, S), sim~(q_i, k_j) = phi(q_i) . phi(k_j)  (Eq. 3a)
     if causal:
-        T, S = sim.shape[-2:]
-        sim = sim * torch.ones(T, S, dtype=torch.bool, device=sim.device).tril()
+        sim = sim * torch.ones(sim.shape[-2:], dtype=torch.bool, device=sim.device).tril()
     if key_mask is not None:  # (B, S), True at real (not padded) source positions
         sim = sim * key_mask[:, None, None, :]
     return sim
@@ -205,32 +182,26 @@ def source_state(fk, v, key_mask=None):
 def linear_attention_noncausal(fq, fk, v, key_mask=None):
     """Cross attention: one state (S, z) over the whole source, O(S + T) instead of O(S T)."""
     S, z = source_state(fk, v, key_mask)
-    # Eq. 7, for every query at once
-    return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))
+    return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))  # Eq. 7, for every query at once
 
 
 def linear_attention_chunked(fq, fk, v, chunk_size: int):
-    """Causal linear attention with memory linear in T: the masked quadratic form inside each chunk
-    of C positions, plus the running state (S, z) of Eq. 5 of every earlier chunk."""
+    """Causal, memory linear in T: the quadratic form inside each chunk of C positions, plus the state of Eq. 5."""
     return normalize(*linear_attention_chunked_sums(fq, fk, v, chunk_size))
 
 
 def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
     """The numerator (B, H, T, d) and denominator (B, H, T) of Eq. 4 in the chunked form, not yet divided."""
-    B, H, T, k = fq.shape
-    d = v.shape[-1]
-    C = chunk_size
+    (B, H, T, k), d, C = fq.shape, v.shape[-1], chunk_size
     pad = -T % C  # zero features at padded positions add nothing; their outputs are dropped
     if pad:
         fq, fk, v = (F.pad(t, (0, 0, 0, pad)) for t in (fq, fk, v))
     n = (T + pad) // C
-    fq, fk = fq.view(B, H, n, C, k), fk.view(B, H, n, C, k)  # (B, H, n, C, k)
-    v = v.view(B, H, n, C, d)  # (B, H, n, C, d)
+    fq, fk, v = fq.view(B, H, n, C, k), fk.view(B, H, n, C, k), v.view(B, H, n, C, d)  # (B, H, n, C, .)
 
     sim = fq @ fk.transpose(-1, -2)  # (B, H, n, C, C), within a chunk
     sim = sim * torch.ones(C, C, dtype=torch.bool, device=sim.device).tril()
-    numerator = sim @ v  # (B, H, n, C, d)
-    denominator = sim.sum(-1)  # (B, H, n, C)
+    numerator, denominator = sim @ v, sim.sum(-1)  # (B, H, n, C, d), (B, H, n, C)
 
     # Eq. 5 per chunk, then an exclusive prefix sum: the state before each chunk starts
     S = F.pad((fk.transpose(-1, -2) @ v).cumsum(2), (0, 0, 0, 0, 1, -1))  # (B, H, n, k, d)
@@ -269,27 +240,21 @@ class Attention(nn.Module):
     def __init__(self, d_model: int, n_head: int, causal: bool):
         super().__init__()
         self.n_head, self.d_head, self.causal = n_head, d_model // n_head, causal
-        self.q_proj = nn.Linear(d_model, d_model)  # Eq. 1a
-        self.k_proj = nn.Linear(d_model, d_model)  # Eq. 1b
-        self.v_proj = nn.Linear(d_model, d_model)  # Eq. 1b
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model) for _ in range(3))  # Eqs. 1a-1b
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def heads(self, x):
-        """(B, T, H * w) -> (B, H, T, w); w is d, or k once `fold` has merged W_phi into W_q, W_k."""
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_head, -1).transpose(1, 2)
+    def heads(self, x):  # (B, T, H w) -> (B, H, T, w); w is d, or k once `fold` has merged W_phi into W_q, W_k
+        return x.view(*x.shape[:2], self.n_head, -1).transpose(1, 2)
 
     def project(self, x, source):
         return self.heads(self.q_proj(x)), self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
 
-    def merge(self, out):
-        B, H, T, d = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * d))  # (B, T, h)
+    def merge(self, out):  # (B, H, T, d) -> (B, T, h)
+        return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    # The recurrent form projects one position at a time, with W_q, W_k and W_v stacked head by head: one product
-    # gives [q | k | v] of every head, and with append_one a 1 after each v (a row of zero weights, bias 1) for Eq. 6
-    # in one product. Stacked by init_state, and again at a step whenever a weight has changed (an optimizer step,
-    # load_state_dict, .to(), fold): the tensors' identities, version counters, dtypes and devices say so.
+    # The recurrent form projects one position with W_q, W_k, W_v stacked head by head: one product gives [q | k | v]
+    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). Stacked by
+    # init_state, and again whenever a weight has changed (its identity, version counter, dtype or device).
     def stack_projections(self, append_one: bool) -> tuple:
         parts = [self.q_proj, self.k_proj, self.v_proj]
         key = [(id(t), t._version, t.dtype, t.device) for p in parts for t in (p.weight, p.bias)] + [append_one]
@@ -298,21 +263,18 @@ class Attention(nn.Module):
             weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
             biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
             if append_one:
-                weights.append(weights[0].new_zeros(H, 1, h))
-                biases.append(biases[0].new_ones(H, 1))
+                weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
             self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
             self.stacked_key = key
         return self.stacked
 
-    def project_step(self, x, append_one: bool):
-        """x (B, h) -> [q | k | v (| 1)] per head, (B, H, 2 w + d (+ 1))."""
+    def project_step(self, x, append_one: bool):  # (B, h) -> [q | k | v (| 1)] per head, (B, H, 2 w + d (+ 1))
         # torch.compile cannot trace the check: a compiled step uses the weights as init_state stacked them
         stacked = self.stacked if torch.compiler.is_compiling() else self.stack_projections(append_one)
         return F.linear(x, *stacked).view(x.shape[0], self.n_head, -1)
 
-    def merge_step(self, out):
-        """(B, H, d) -> (B, h)"""
-        return self.out_proj(out.reshape(out.shape[0], -1))
+    def merge_step(self, out):  # (B, H, d) -> (B, h)
+        return self.out_proj(out.flatten(1))
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
@@ -323,15 +285,13 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None):
 
 
 def append_to_cache(state, k, v):
-    """Write k, v (B, H, 1, d) at position state['length'] of the KV cache; returns the keys and values so far.
-    A full cache doubles its capacity: amortised O(1) per token instead of a copy of the whole cache each step."""
+    """Write k, v (B, H, 1, d) at state['length'] of the KV cache; return the keys and values so far. A full cache
+    doubles its capacity: amortised O(1) per token, not a copy of the whole cache at every step."""
     t = state["length"]
     if t == state["k"].shape[2]:
-        for name in ("k", "v"):
-            cache = state[name]
-            grown = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
-            grown[:, :, :t] = cache
-            state[name] = grown
+        for name, cache in (("k", state["k"]), ("v", state["v"])):
+            state[name] = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
+            state[name][:, :, :t] = cache
     state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
     state["length"] = t + 1
     return state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]
@@ -366,24 +326,21 @@ class SoftmaxAttention(Attention):
 
 class LinearAttention(Attention):
     """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
-
     foldable = True  # Eq. 8 applies to a t2r layer (after_t2r.py's window layers keep q and k for their softmax)
 
     def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0):
         super().__init__(d_model, n_head, causal)
         self.kind, self.chunk_size = kind, chunk_size
         self.feature_size = self.d_head if kind == "elu" else feature_size
-        self.feature_map = make_feature_map(kind, n_head, self.d_head, feature_size)
+        self.feature_map = FEATURE_MAPS[kind](n_head, self.d_head, feature_size)
 
     def forward(self, x, source=None, key_mask=None):
         q, k, v = self.project(x, x if source is None else source)
         return self.merge(self.attend(q, k, v, source is not None, key_mask).to(x.dtype))
 
     def attend(self, q, k, v, cross: bool, key_mask=None):
-        """The parallel forms: q (B, H, T, d), k and v (B, H, S, d) -> (B, H, T, d), in float32 (float64 for a
-        float64 model). d is k for q and k once `fold` has merged W_phi into W_q, W_k."""
-        dtype = state_dtype(v.dtype)
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        """The parallel forms: q (B, H, T, w), k (B, H, S, w), v (B, H, S, d) -> (B, H, T, d), in float32 at least."""
+        q, k, v = (t.to(state_dtype(v.dtype)) for t in (q, k, v))
         with full_precision(q.device):
             fq, fk = self.feature_map(q, k)
             if cross or not self.causal:
@@ -408,8 +365,7 @@ class LinearAttention(Attention):
             out = self.recur(qkv1[..., :w], qkv1[..., w:2 * w], qkv1[..., 2 * w:], state)
         return self.merge_step(out.to(x.dtype))
 
-    def recur(self, q, k, v1, state):
-        """q, k (B, H, 1, w), v1 = [v | 1] (B, H, 1, d + 1) -> (B, H, d)"""
+    def recur(self, q, k, v1, state):  # q, k (B, H, 1, w), v1 = [v | 1] (B, H, 1, d + 1) -> (B, H, d)
         fq, fk = self.feature_map(q, k)  # (B, H, 1, k)
         return linear_attention_step(fq, fk, v1, state["Sz"])  # Eqs. 6-7
 
@@ -451,21 +407,15 @@ class Block(nn.Module):
         self.pre_norm = config.pre_norm
         self.self_attn = make_attention(self_kind, config, causal, config.feature_size)
         self.norm1 = nn.LayerNorm(config.d_model)
-        self.cross_attn = None
-        if cross_kind is not None:
-            self.cross_attn = make_attention(cross_kind, config, False, config.cross_feature_size)
-            self.norm_cross = nn.LayerNorm(config.d_model)
-        self.ffn = nn.Sequential(
-            nn.Linear(config.d_model, config.d_ff), ACTIVATIONS[config.activation](), nn.Dropout(config.dropout),
-            nn.Linear(config.d_ff, config.d_model),
-        )
+        self.cross_attn = cross_kind and make_attention(cross_kind, config, False, config.cross_feature_size)
+        self.norm_cross = nn.LayerNorm(config.d_model) if cross_kind else None
+        self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), ACTIVATIONS[config.activation](),
+                                 nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model))
         self.norm2 = nn.LayerNorm(config.d_model)
         self.drop = nn.Dropout(config.dropout)
 
     def residual(self, x, norm, sublayer):
-        if self.pre_norm:
-            return x + self.drop(sublayer(norm(x)))
-        return norm(x + self.drop(sublayer(x)))
+        return x + self.drop(sublayer(norm(x))) if self.pre_norm else norm(x + self.drop(sublayer(x)))
 
     def forward(self, x, self_mask=None, source=None, source_mask=None):
         """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source."""
@@ -490,19 +440,17 @@ def sinusoidal_positions(positions, d_model: int):
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(h), plus sinusoidal positions, then dropout. GPT-2's instead: the token
-    embedding unscaled, plus a learned table of positions."""
+    """Token embedding times sqrt(h) plus sinusoidal positions, then dropout; GPT-2's: unscaled, learned positions."""
 
     def __init__(self, config: Config):
         super().__init__()
         self.tok = AdaptiveInput(config) if config.adaptive_cutoffs else nn.Embedding(config.vocab_size, config.d_model)
         # (max_positions, h), GPT-2's wpe; None registers nothing, so sinusoidal models keep their state_dict keys
-        self.pos = nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
+        self.pos = nn.Embedding(config.max_positions, config.d_model) if config.max_positions else None
         self.d_model, self.scale = config.d_model, math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.drop = nn.Dropout(config.dropout)
 
-    def check_end(self, end: int):
-        """Positions 0 .. end - 1 exist: a learned table has no row past its end (sinusoids have no end)."""
+    def check_end(self, end: int):  # positions 0 .. end - 1 exist: a learned table has no row past its end
         if self.pos is not None and end > self.pos.num_embeddings:
             raise ValueError(f"position {end - 1} is past the {self.pos.num_embeddings} learned positions")
 
@@ -551,16 +499,15 @@ class TransformerBase(nn.Module):
 
     @torch.no_grad()
     def step(self, tokens, state):
-        """tokens: (B,) at position state['pos'] -> logits (B, V). Updates state in place and returns it.
-        state['pos'] is an int, or a 0-dim tensor (a CUDA graph reads it on the device)."""
+        """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V);
+        updates the state in place and returns it."""
         x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
         logits = self.step_layers(x, state["layers"])
         state["pos"] += 1
         return logits, state
 
     def step_layers(self, x, layer_states):
-        """x (B, h) of one position through every layer's recurrent form, then the output head: what
-        generate.py --compile compiles."""
+        """x (B, h) of one position through every layer's recurrent form and the head (what --compile compiles)."""
         for layer, layer_state in zip(self.layers, layer_states):
             x = layer.step(x, layer_state)
         return self.output(x)
@@ -612,68 +559,33 @@ class Seq2SeqTransformer(TransformerBase):
 
     @torch.no_grad()
     def init_state(self, src):
-        memory, key_mask = self.encode(src)
-        p = next(self.parameters())
-        return {"pos": 0, "layers": [
-            {"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
-             "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
-            for layer in self.layers]}
+        (memory, key_mask), p = self.encode(src), next(self.parameters())
+        return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
+                                      "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
+                                     for layer in self.layers]}
 
 
 def state_bytes(state) -> int:
     """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
     if torch.is_tensor(state):
         return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(value) for value in state.values())
-    if isinstance(state, list):
-        return sum(state_bytes(value) for value in state)
-    return 0
-
-
-def build_model(config: Config | dict) -> TransformerBase:
-    """The model a config describes: a translator when it has an encoder, else a language model."""
-    config = Config(**config) if isinstance(config, dict) else config
-    return Seq2SeqTransformer(config) if config.n_encoder_layer else TransformerLM(config)
+    parts = state.values() if isinstance(state, dict) else state if isinstance(state, list) else []
+    return sum(state_bytes(part) for part in parts)
 
 
 # -----------------------------------------------------------------------------
 # Swap then finetune (section 2.2)
 
-KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
-
-
-def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
-    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
-    (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...
-    0 converts every layer."""
-    if keep_softmax_from not in KEEP_SOFTMAX_FROM:
-        raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
-    first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, counted from the top
-
-    def keep(i):  # i counts from the bottom; n_layer - i counts from the top, starting at 1
-        return keep_softmax_every > 0 and (n_layer - i - first) % keep_softmax_every == 0 and n_layer - i >= first
-    kinds = ["softmax" if keep(i) else attn for i in range(n_layer)]
-    if keep_softmax_every and "softmax" not in kinds:
-        raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
-                         f"softmax (use at most {n_layer}, or keep_softmax_from top)")
-    return kinds
-
-
-def is_feature_map_parameter(name: str) -> bool:
-    """The parameters a conversion adds: the feature maps, and the window layers' gates."""
+def is_feature_map_parameter(name: str) -> bool:  # the parameters a conversion adds (and the window layers' gates)
     return ".feature_map." in name or name.endswith(".window_gate")
 
 
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
             cross_feature_size: int = 32, window: int = 0, keep_softmax_from: str = "nth") -> TransformerBase:
-    """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`.
-
-    Every pretrained weight is copied; only the feature-map parameters are new. The encoder of a
-    translator is left alone; its decoder's causal attention defaults to k=4 and its cross attention to
-    k=32, the language model's attention to k=32 (section 3.2). Finetune the result on the task.
-    window=W makes every converted causal layer the sliding-window hybrid (softmax over the last W tokens).
-    """
+    """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`. Every pretrained
+    weight is copied; only the feature maps are new. A translator's encoder is left alone; its decoder's causal
+    attention defaults to k=4, its cross attention to k=32, a language model's to k=32 (section 3.2). Finetune the
+    result. window=W makes every converted causal layer the sliding-window hybrid (after_t2r.py)."""
     config = model.config
     is_seq2seq = isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
@@ -682,12 +594,10 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
     if is_folded(model):
         raise ValueError("this model is folded for inference: convert the unfolded model")
-    if feature_size is None:
-        feature_size = 4 if is_seq2seq else 32
-    new_config = replace(
-        config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
-        feature_size=feature_size,
-        cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size, window=window)
+    feature_size = feature_size or (4 if is_seq2seq else 32)
+    new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
+                         feature_size=feature_size, cross_attn=attn if is_seq2seq else config.cross_attn,
+                         cross_feature_size=cross_feature_size, window=window)
     student = type(model)(new_config)
     copy_pretrained(model, student)
     p = next(model.parameters())
@@ -696,8 +606,8 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
 
 @torch.no_grad()
 def copy_pretrained(teacher: nn.Module, student: nn.Module):
-    """Copy every teacher tensor into the student, and check that the student's only other tensors
-    are feature maps. A mismatch raises instead of silently leaving random weights."""
+    """Copy every teacher tensor into the student, whose only other tensors must be feature maps: a mismatch raises
+    instead of silently leaving random weights."""
     source, target = teacher.state_dict(), student.state_dict()
     unused = sorted(set(source) - set(target))
     uncovered = sorted(k for k in set(target) - set(source) if not is_feature_map_parameter(k))
@@ -707,7 +617,6 @@ def copy_pretrained(teacher: nn.Module, student: nn.Module):
         if target[name].shape != tensor.shape:
             raise ValueError(f"{name}: teacher shape {tuple(tensor.shape)}, student {tuple(target[name].shape)}")
         target[name].copy_(tensor)
-
 
 
 # -----------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import t2r
+from support import runtime
+from support.configs import converted_kinds
 from conftest import lm_config, make, mt_config, padded_sources, report, step_all
 from t2r import Seq2SeqTransformer, TransformerLM
 
@@ -232,8 +234,8 @@ def test_convert_keep_softmax_every(start, kept):
 
 def test_keeping_every_nth_layer_past_the_top_is_refused():
     with pytest.raises(ValueError, match="counts past the 2 layers: none stays softmax"):
-        t2r.converted_kinds(2, "t2r", keep_softmax_every=5)
-    assert t2r.converted_kinds(2, "t2r", keep_softmax_every=5, keep_softmax_from="top") == ["t2r", "softmax"]
+        converted_kinds(2, "t2r", keep_softmax_every=5)
+    assert converted_kinds(2, "t2r", keep_softmax_every=5, keep_softmax_from="top") == ["t2r", "softmax"]
 
 
 def test_convert_seq2seq_defaults_and_encoder_untouched():
@@ -364,6 +366,6 @@ def test_config_round_trips_as_a_plain_dict(tmp_path):
     model = TransformerLM(config)
     torch.save({"config": config.to_dict(), "model": model.state_dict()}, tmp_path / "ckpt.pt")
     checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    rebuilt = t2r.build_model(checkpoint["config"])
+    rebuilt = runtime.build_model(checkpoint["config"])
     rebuilt.load_state_dict(checkpoint["model"])
     assert rebuilt.config == config and isinstance(rebuilt, TransformerLM)

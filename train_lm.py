@@ -32,7 +32,8 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              unit_interval, write_json)
 from sru import SRUConfig, SRUppLM
 from support.configs import feature_sizes
-from t2r import KEEP_SOFTMAX_FROM, Config, TransformerLM, is_feature_map_parameter
+from support.configs import KEEP_SOFTMAX_FROM
+from t2r import Config, TransformerLM, is_feature_map_parameter
 from support.training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
@@ -269,7 +270,7 @@ class LMTask(Task):
 
 def check_positions(config: dict, args, source: str):
     """Learned positions end at max_positions (GPT-2: 1024): no training or evaluation window may be longer."""
-    limit = config.get("max_positions") if config.get("positions") == "learned" else None
+    limit = config.get("max_positions")
     for flag in ("block_size", "eval_context"):
         if limit and getattr(args, flag) > limit:
             raise UserError(f"--{flag} {getattr(args, flag)} is longer than the {limit} positions {source} has "

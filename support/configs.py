@@ -1,10 +1,11 @@
-"""What is checked and reported of a t2r.Config, kept out of t2r.py's way: the one-line reasons a config cannot be
-(check_config, run by Config itself), and the feature sizes the result tables show (feature_sizes)."""
+"""What is checked and derived of a t2r.Config, kept out of t2r.py's way: the one-line reasons a config cannot be
+(check_config, run by Config itself), which layers a conversion keeps softmax (converted_kinds, for convert), and
+the feature sizes the result tables show (feature_sizes)."""
 
 POSITIONS = ("sinusoidal", "learned")
 
 
-def check_config(c, attention_kinds: tuple, activations: dict):
+def check_config(c, attention_kinds: tuple, activations: dict, positions: str | None = None):
     """Raise ValueError, in one line, for a config that cannot be built."""
     for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
                         ("n_encoder_layer", 0), ("chunk_size", 0), ("window", 0), ("max_positions", 0)):
@@ -28,17 +29,18 @@ def check_config(c, attention_kinds: tuple, activations: dict):
     if c.cross_attn == "rfa" and c.cross_feature_size % 2:
         raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
     check_adaptive(c)
-    check_gpt2_switches(c, activations)
+    check_gpt2_switches(c, activations, positions)
 
 
-def check_gpt2_switches(c, activations: dict):
-    """The switches GPT-2 needs: learned positions and their number, the GELU, the unscaled embedding."""
-    if c.positions not in POSITIONS:
-        raise ValueError(f"positions={c.positions!r}: choose one of {', '.join(POSITIONS)}")
+def check_gpt2_switches(c, activations: dict, positions: str | None):
+    """The switches GPT-2 needs: learned positions and their number, the GELU, the unscaled embedding. positions,
+    where given (checkpoints written before max_positions alone said it), must agree with max_positions."""
+    if positions is not None and positions not in POSITIONS:
+        raise ValueError(f"positions={positions!r}: choose one of {', '.join(POSITIONS)}")
     if c.activation not in activations:
         raise ValueError(f"activation={c.activation!r}: choose one of {', '.join(activations)}")
-    if (c.positions == "learned") != (c.max_positions > 0):
-        raise ValueError(f"max_positions={c.max_positions} with {c.positions} positions: a learned table "
+    if positions is not None and (positions == "learned") != (c.max_positions > 0):
+        raise ValueError(f"max_positions={c.max_positions} with {positions} positions: a learned table "
                          f"needs its length (> 0), sinusoidal positions take 0 (they have no end)")
     if not isinstance(c.scale_embedding, bool):
         raise ValueError(f"scale_embedding={c.scale_embedding!r} must be True or False")
@@ -68,3 +70,23 @@ def feature_sizes(config) -> tuple:
         return None if not kinds else config.d_model // config.n_head if kinds == {"elu"} else size
     cross = k([config.cross_attn], config.cross_feature_size) if config.n_encoder_layer else None
     return k(config.layer_kinds(), config.feature_size), cross
+
+
+KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
+
+
+def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
+    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
+    (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...
+    0 converts every layer."""
+    if keep_softmax_from not in KEEP_SOFTMAX_FROM:
+        raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
+    first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, counted from the top
+
+    def keep(i):  # i counts from the bottom; n_layer - i counts from the top, starting at 1
+        return keep_softmax_every > 0 and (n_layer - i - first) % keep_softmax_every == 0 and n_layer - i >= first
+    kinds = ["softmax" if keep(i) else attn for i in range(n_layer)]
+    if keep_softmax_every and "softmax" not in kinds:
+        raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
+                         f"softmax (use at most {n_layer}, or keep_softmax_from top)")
+    return kinds

@@ -108,7 +108,7 @@ def gpt2_config(settings: dict, where: str) -> Config:
     try:  # GPT-2's dropout on embeddings and sublayer outputs (resid_pdrop) is our one dropout; it has no attn_pdrop
         return Config(vocab_size=settings["vocab_size"], n_layer=settings["n_layer"], n_head=settings["n_head"],
                       d_model=settings["n_embd"], d_ff=get("n_inner") or 4 * settings["n_embd"],
-                      dropout=get("resid_pdrop", 0.1), positions="learned", max_positions=settings["n_positions"],
+                      dropout=get("resid_pdrop", 0.1), max_positions=settings["n_positions"],
                       activation="gelu_tanh", scale_embedding=False)
     except (KeyError, TypeError, ValueError) as error:
         raise UserError(f"{where} is not a usable GPT-2 config ({type(error).__name__}: {error})") from None

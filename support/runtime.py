@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from sru import SRUConfig, SRUppLM
-from t2r import Config, build_model
+from t2r import Config, Seq2SeqTransformer, TransformerLM
 
 
 # -----------------------------------------------------------------------------
@@ -346,6 +346,12 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
 def is_sru(config: dict) -> bool:
     """Whether a checkpoint's config is an SRU++ language model (sru.py), not a transformer (t2r.py)."""
     return config.get("arch") == "sru++"
+
+
+def build_model(config: Config | dict) :
+    """The model a config describes: a translator when it has an encoder, else a language model."""
+    config = Config(**config) if isinstance(config, dict) else config
+    return Seq2SeqTransformer(config) if config.n_encoder_layer else TransformerLM(config)
 
 
 def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):

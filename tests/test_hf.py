@@ -103,7 +103,7 @@ def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
     folder, _, reference = tiny_gpt2
     student = t2r.convert(hf.load(folder), "t2r", feature_size=8, window=window).double().eval()
     c = student.config
-    assert (c.positions, c.max_positions, c.activation, c.scale_embedding) == ("learned", 128, "gelu_tanh", False)
+    assert (c.max_positions, c.activation, c.scale_embedding) == (128, "gelu_tanh", False)
     assert torch.equal(student.embed.pos.weight, reference.transformer.wpe.weight.double())
     generating = student if window else t2r.fold(student)
     x = tokens(c.vocab_size, (2, 40))
@@ -113,10 +113,18 @@ def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
     assert report(f"window {window}: recurrent vs parallel", (recurrent - parallel).abs().max()) < 1e-9
 
 
+def test_a_config_that_names_its_positions_loads_and_keeps_only_max_positions():
+    """Checkpoints written before max_positions alone said it carry positions="learned" (or "sinusoidal"): their
+    configs still load, and what is kept is max_positions alone (the kind of positions follows from it)."""
+    config = t2r.Config(**{**lm_config(max_positions=16).to_dict(), "positions": "learned"})
+    assert config.max_positions == 16 and "positions" not in config.to_dict()
+    assert t2r.Config(**{**lm_config().to_dict(), "positions": "sinusoidal"}).max_positions == 0
+
+
 def test_the_switches_add_one_table_and_leave_todays_models_alone():
     """Today's models keep their state_dict keys (sinusoidal positions have no table); learned positions add one."""
     today = set(t2r.TransformerLM(lm_config()).state_dict())
-    gpt2_like = set(t2r.TransformerLM(lm_config(positions="learned", max_positions=16, activation="gelu_tanh",
+    gpt2_like = set(t2r.TransformerLM(lm_config(max_positions=16, activation="gelu_tanh",
                                                 scale_embedding=False)).state_dict())
     assert gpt2_like - today == {"embed.pos.weight"} and today <= gpt2_like
 
@@ -125,7 +133,7 @@ def test_the_switches_add_one_table_and_leave_todays_models_alone():
     (dict(positions="rotary"), "positions='rotary': choose one of sinusoidal, learned"),
     (dict(activation="swiglu"), "activation='swiglu': choose one of relu, gelu_tanh"),
     (dict(positions="learned"), "a learned table needs its length"),
-    (dict(max_positions=64), "sinusoidal positions take 0"),
+    (dict(positions="sinusoidal", max_positions=64), "sinusoidal positions take 0"),
     (dict(scale_embedding="no"), "scale_embedding='no' must be True or False"),
 ])
 def test_bad_switches_are_refused(switches, message):
@@ -166,7 +174,7 @@ def test_the_job_prints_the_teachers_row_and_word_level_perplexity(tiny_gpt2, fi
 def test_the_checkpoint_keeps_gpt2s_switches_and_its_tokenizer(finetuned):
     run_dir, _ = finetuned
     checkpoint = torch.load(run_dir / "model.pt", weights_only=True)
-    assert checkpoint["config"]["positions"] == "learned" and checkpoint["config"]["activation"] == "gelu_tanh"
+    assert checkpoint["config"]["max_positions"] == 128 and checkpoint["config"]["activation"] == "gelu_tanh"
     assert checkpoint["args"]["tokenizer"].endswith("tokenizer.json") and checkpoint["args"]["dropout"] == 0.1
 
 
@@ -190,7 +198,7 @@ def test_generating_past_the_learned_positions_is_refused(finetuned, monkeypatch
 @pytest.mark.parametrize("num_tokens, fits", [(126, True), (127, False)])
 def test_the_position_limit_is_exact(num_tokens, fits):
     """A 3-token prompt and n new tokens feed positions 0 .. 3 + n - 2: the last new token is never fed in."""
-    config = t2r.Config(vocab_size=10, n_layer=1, n_head=1, d_model=8, positions="learned", max_positions=128)
+    config = t2r.Config(vocab_size=10, n_layer=1, n_head=1, d_model=8, max_positions=128)
     with contextlib.nullcontext() if fits else pytest.raises(runtime.UserError):
         generate.check_positions(config, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
 

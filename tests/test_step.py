@@ -25,7 +25,7 @@ LM_CASES = {
     "t2r window": dict(attn="t2r", window=3),
     "t2r post-norm": dict(attn="t2r", pre_norm=False),
     "softmax below t2r": dict(attn=["softmax", "t2r"], fold=True),
-    "GPT-2's switches": dict(attn="t2r", positions="learned", max_positions=64, activation="gelu_tanh",
+    "GPT-2's switches": dict(attn="t2r", max_positions=64, activation="gelu_tanh",
                              scale_embedding=False, fold=True),
     "adaptive input and softmax": dict(attn="t2r", adaptive_cutoffs=[20, 40], fold=True),
 }
@@ -112,7 +112,7 @@ def test_the_compiled_layers_have_no_graph_break():
 
 def test_learned_positions_end_where_the_table_ends():
     """A step past the learned table is refused, not read out of bounds."""
-    model = tiny_lm(positions="learned", max_positions=8, fold_it=True)
+    model = tiny_lm(max_positions=8, fold_it=True)
     state = model.init_state(1)
     for _ in range(8):
         model.step(torch.tensor([1]), state)
