@@ -13,7 +13,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
                                                     # evaluated as it is, converted, finetuned with its tokenizer
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
-The loop itself is training.train; this file says what is particular to a language model.
+run() shows how the model is made (resumed, converted, or new); the loop is support/training.py's train().
 """
 
 import itertools
@@ -25,16 +25,17 @@ import torch.nn.functional as F
 
 from support import data
 from support import hf
-from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset,
-                         check_teacher, load_teacher, main_job, model_name, resolve_run_flags, student_of)
+from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
+                         announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
+                         needs_teacher, print_conversion_table, processes, resolve_run_flags, teacher_args)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
 from sru import SRUConfig, SRUppLM
 from support.configs import feature_sizes
 from support.configs import KEEP_SOFTMAX_FROM
-from t2r import Config, TransformerLM, is_feature_map_parameter
-from support.training import Task, get_lr
+from t2r import Config, TransformerLM, convert, is_feature_map_parameter
+from support.training import Task, evaluate_finished, get_lr, open_finished, open_run, train
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -152,15 +153,66 @@ def saved_run_dir(args, attn: str, init: str) -> str:
     return default_out_dir(args, sru_name(args) if args.arch == "sru++" else attn, init)
 
 
-def model_config(args, vocab_size: int) -> Config | SRUConfig:
+def sru_config(args, vocab_size: int) -> SRUConfig:
+    return SRUConfig(vocab_size=vocab_size, n_layer=args.n_layer or 4, d_model=args.d_model or 256,
+                     d_attn=args.d_attn, attn_every=args.attn_every, dropout=args.dropout)
+
+
+def model_config(args, vocab_size: int) -> Config:
     d_model = args.d_model or 256
-    if args.arch == "sru++":
-        return SRUConfig(vocab_size=vocab_size, n_layer=args.n_layer or 4, d_model=d_model, d_attn=args.d_attn,
-                         attn_every=args.attn_every, dropout=args.dropout)
     return Config(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                   d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
                   attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window,
                   adaptive_cutoffs=args.adaptive_cutoffs, adaptive_factor=args.adaptive_factor)
+
+
+# -----------------------------------------------------------------------------
+# The run: how the model is made, then the loop
+
+def main(argv=None):
+    args = get_args(argv)
+    with processes(args) as ddp:  # one, or torchrun's
+        return run(args, ddp)
+
+
+def run(args, ddp) -> dict:
+    """One run; with --init pretrained and no finished softmax teacher, the teacher's run comes first."""
+    teacher_results = run(teacher_args(args, SCHEDULES, LMTask.teacher_overrides(args)), ddp) if needs_teacher(args) \
+        else None
+    task = LMTask(args, ddp)
+    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
+    task.load_data(checkpoint)
+    model = make_model(task, checkpoint)
+    if args.eval_only:
+        return evaluate_finished(task, model, checkpoint)
+    results = train(task, model, checkpoint)
+    if args.init == "pretrained" and not args.resume:
+        print_conversion_table(LMTask, args, ddp, teacher_results, results)
+    return results
+
+
+def make_model(task, checkpoint: dict | None):
+    """The model a run trains: resumed, converted from a trained softmax model (--init pretrained), or new."""
+    args = task.args
+    torch.manual_seed(args.seed)  # the same initialisation on every process
+    if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
+        model = model_from_checkpoint(checkpoint, args.out_dir)
+    elif args.init == "pretrained":  # section 2.2: swap a trained softmax model's attention, then finetune
+        teacher = for_finetuning(load_lm_teacher(args, task), args)
+        try:
+            model = teacher if args.attn == "softmax" else convert(
+                teacher, args.attn, args.feature_size, window=args.window, keep_softmax_every=args.keep_softmax_every,
+                keep_softmax_from=args.keep_softmax_from)
+        except ValueError as error:  # what the teacher alone can refuse, e.g. --keep_softmax_every past its layers
+            raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
+        announce_conversion(model, args)
+    elif args.arch == "sru++":  # SRU++ (sru.py), from random initialisation
+        model = new_model(SRUppLM, sru_config, args, task.data.vocab_size)
+    else:  # a transformer from random initialisation: softmax, or T2R from scratch
+        model = new_model(TransformerLM, model_config, args, task.data.vocab_size)
+    for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
+        p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
+    return model
 
 
 # -----------------------------------------------------------------------------
@@ -173,49 +225,21 @@ class LMTask(Task):
         super().__init__(args, ddp)
         self.generator = torch.Generator().manual_seed(args.seed + ddp.rank)  # a batch order per process
 
-    def prepare(self, checkpoint):
+    def load_data(self, checkpoint):
         args = self.args
-        gpt2 = checkpoint is None and args.init == "pretrained" and hf.is_hf(args.pretrained)
-        if gpt2:  # its config first: windows longer than its positions are refused before any work
-            folder = hf.folder_of(args.pretrained)
-            check_positions(hf.read_config(folder).to_dict(), args, args.pretrained)
-            args.tokenizer = hf.tokenizer_file(folder)  # kept with the run's flags: generate.py finds it there
+        if checkpoint is None and args.init == "pretrained" and hf.is_hf(args.pretrained):  # GPT-2 brings its own
+            folder = hf.folder_of(args.pretrained)  # tokenizer, kept with the run's flags (generate.py finds it)
+            check_positions(hf.read_config(folder).to_dict(), args, args.pretrained)  # before any work
+            args.tokenizer = hf.tokenizer_file(folder)
         elif checkpoint is not None:
             check_positions(checkpoint["config"], args, args.out_dir)
         self.data = load_data(args)
         if len(self.data.train) <= args.block_size:
             raise UserError(f"the training split has {len(self.data.train)} tokens, not more than --block_size "
                             f"{args.block_size}: use a smaller --block_size or more data")
-        if gpt2:
-            model = self.gpt2_student(folder)
-        elif checkpoint is None:
-            model = new_model(args, self.data)
-        elif checkpoint["config"]["vocab_size"] != self.data.vocab_size:
+        if checkpoint is not None and checkpoint["config"]["vocab_size"] != self.data.vocab_size:
             raise UserError(f"{args.out_dir} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
                             f"{self.data.vocab_size}: pass the --dataset and --tokenizer it was trained with")
-        else:
-            model = model_from_checkpoint(checkpoint, args.out_dir)
-        for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
-            p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
-        return model
-
-    def gpt2_student(self, folder):
-        """GPT-2 evaluated as it is (the table's teacher row), then converted like a teacher of ours."""
-        args = self.args
-        teacher = hf.load(folder)
-        if teacher.config.vocab_size != self.data.vocab_size:
-            raise UserError(f"{folder} has {teacher.config.vocab_size} token embeddings, its tokenizer.json "
-                            f"{self.data.vocab_size} tokens: they must be the same model's")
-        check_teacher({"config": teacher.config.to_dict()}, args, MODEL_FLAGS)
-        if "dropout" not in args.explicit:
-            args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
-        print(f"{args.pretrained} as it is (softmax, not finetuned):")
-        results = self.report(teacher.to(self.device), 0.0)
-        results["attn"] = f"{args.pretrained} (softmax)"
-        if self.ddp.is_main:
-            write_json(os.path.join(args.out_dir, TEACHER_RESULTS), results)
-        return student_of(teacher, args, keep_softmax_every=args.keep_softmax_every,
-                          keep_softmax_from=args.keep_softmax_from)
 
     def identity(self):
         return data_identity(self.data)
@@ -277,14 +301,23 @@ def check_positions(config: dict, args, source: str):
                             f"learned: use at most {limit}")
 
 
-def new_model(args, lm):
-    """From random initialisation, or (--init pretrained) the softmax teacher with its attention swapped."""
-    if args.init == "random":
-        try:
-            config = model_config(args, lm.vocab_size)
-            return SRUppLM(config) if args.arch == "sru++" else TransformerLM(config)
-        except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
-            raise UserError(f"bad model flags: {error}") from None
+def load_lm_teacher(args, task):
+    """The softmax language model --init pretrained converts: a Hugging Face GPT-2 (evaluated as it is first: the
+    table's teacher row), or a model.pt of ours."""
+    lm = task.data
+    if hf.is_hf(args.pretrained):
+        teacher = hf.load(hf.folder_of(args.pretrained))
+        if teacher.config.vocab_size != lm.vocab_size:
+            raise UserError(f"{args.pretrained} has {teacher.config.vocab_size} token embeddings, its tokenizer.json "
+                            f"{lm.vocab_size} tokens: they must be the same model's")
+        check_teacher({"config": teacher.config.to_dict()}, args, MODEL_FLAGS)
+        if "dropout" not in args.explicit:
+            args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
+        print(f"{args.pretrained} as it is (softmax, not finetuned):")
+        results = task.report(teacher.to(task.device), 0.0)
+        if task.ddp.is_main:
+            write_json(os.path.join(args.out_dir, TEACHER_RESULTS), {**results, "attn": f"{args.pretrained} (softmax)"})
+        return teacher
     checkpoint = load_teacher(args, "pretrained checkpoint")
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.pretrained} is a translation model, not a language model")
@@ -296,11 +329,15 @@ def new_model(args, lm):
     if teacher_tokenizer not in (None, data_identity(lm)["tokenizer"]):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
                         f"since, or it is another corpus of the same size): pretrain on this --dataset")
+    return model_from_checkpoint(checkpoint, args.pretrained)
+
+
+def new_model(make, config_of, args, vocab_size: int):
+    """make(config_of(args, vocab_size)), with a one-line error for a config that cannot be."""
     try:
-        return student_of(model_from_checkpoint(checkpoint, args.pretrained), args,
-                          keep_softmax_every=args.keep_softmax_every, keep_softmax_from=args.keep_softmax_from)
-    except ValueError as error:  # a conversion that cannot be, e.g. --keep_softmax_every past the teacher's layers
-        raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
+        return make(config_of(args, vocab_size))
+    except ValueError as error:  # e.g. --d_model not divisible by --n_head
+        raise UserError(f"bad model flags: {error}") from None
 
 
 def data_identity(lm) -> dict:
@@ -365,4 +402,4 @@ def perplexities(result: dict, n_words: int | None, tokenizer: str) -> dict:
 
 
 if __name__ == "__main__":
-    run_main(lambda: main_job(LMTask, get_args()))
+    run_main(main)

@@ -11,7 +11,7 @@ Train a translator, or convert a trained softmax translator's decoder into an RN
 
 The offline corpus is the LibreOffice help in English and German (support/mt_data.py). The final model averages the
 last snapshots (model.pt); BLEU comes from translate.py's beam search on recurrent states.
-The loop itself is training.train; this file says what is particular to a translator.
+run() shows how the model is made (resumed, converted, or new); the loop is support/training.py's train().
 """
 
 import glob
@@ -22,13 +22,14 @@ import torch.nn.functional as F
 
 from support import mt_data
 from support.mt_data import PAD_ID
-from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset, check_teacher,
-                         load_teacher, main_job, model_name, resolve_run_flags, student_of)
+from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
+                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, needs_teacher,
+                         print_conversion_table, processes, resolve_run_flags, teacher_args)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from support.configs import feature_sizes
-from t2r import Config, Seq2SeqTransformer
-from support.training import Task, get_lr_inverse_sqrt
+from t2r import Config, Seq2SeqTransformer, convert
+from support.training import Task, evaluate_finished, get_lr_inverse_sqrt, open_finished, open_run, train
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
@@ -100,23 +101,20 @@ def model_config(args, vocab_size: int) -> Config:
 class MTTask(Task):
     SCHEDULES = SCHEDULES
 
-    def prepare(self, checkpoint):
-        """The model and its tokenizer: the checkpoint's, the teacher's (converted), or new ones."""
-        args, model = self.args, None
+    def load_data(self, checkpoint):
+        """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: the teacher is loaded
+        here, as self.teacher, for make_model), or a new one."""
+        args, tokenizer_text = self.args, None
         if checkpoint is not None:
             if "tokenizer" not in checkpoint:
                 raise UserError(f"{args.out_dir} holds a language model, not a translator")
-            model, tokenizer_text = model_from_checkpoint(checkpoint, args.out_dir), checkpoint["tokenizer"]
+            tokenizer_text = checkpoint["tokenizer"]
         elif args.init == "pretrained":
-            teacher, tokenizer_text = load_translator_teacher(args)
-            model = student_of(teacher, args, cross_feature_size=args.cross_feature_size)
-        else:
-            tokenizer_text = None
+            self.teacher, tokenizer_text = load_translator_teacher(args)
         self.corpus, self.tokenizer, self.train_examples, valid = load_data(args, tokenizer_text)
         self.train_batches = mt_data.make_batches(self.train_examples, args.max_tokens)
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
         print(f"{len(self.train_batches)} training batches of <= {args.max_tokens} tokens")
-        return model if model is not None else new_model(args, self.tokenizer.get_vocab_size())
 
     def identity(self):
         pairs = "\n".join(f"{s}\t{t}" for split in ("train", "valid", "test") for s, t in self.corpus[split])
@@ -191,9 +189,46 @@ class MTTask(Task):
                   f"{r['test']['bleu']:.2f} | {r['test']['tok_bleu']:.2f} | {r['train_minutes']:.1f} |")
 
 
-def new_model(args, vocab_size: int):
-    try:
-        return Seq2SeqTransformer(model_config(args, vocab_size))
+# -----------------------------------------------------------------------------
+# The run: how the model is made, then the loop
+
+def main(argv=None):
+    args = get_args(argv)
+    with processes(args) as ddp:  # one, or torchrun's
+        return run(args, ddp)
+
+
+def run(args, ddp) -> dict:
+    """One run; with --init pretrained and no finished softmax teacher, the teacher's run comes first."""
+    teacher_results = run(teacher_args(args, SCHEDULES, MTTask.teacher_overrides(args)), ddp) if needs_teacher(args) \
+        else None
+    task = MTTask(args, ddp)
+    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
+    task.load_data(checkpoint)
+    model = make_model(task, checkpoint)
+    if args.eval_only:
+        return evaluate_finished(task, model, checkpoint)
+    results = train(task, model, checkpoint)
+    if args.init == "pretrained" and not args.resume:
+        print_conversion_table(MTTask, args, ddp, teacher_results, results)
+    return results
+
+
+def make_model(task, checkpoint: dict | None):
+    """The translator a run trains: resumed, its decoder converted from a trained softmax translator's (--init
+    pretrained, with the teacher's tokenizer, which load_data took), or new."""
+    args = task.args
+    torch.manual_seed(args.seed)  # the same initialisation on every process
+    if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
+        return model_from_checkpoint(checkpoint, args.out_dir)
+    if args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
+        teacher = for_finetuning(task.teacher, args)
+        model = teacher if args.attn == "softmax" else convert(teacher, args.attn, args.feature_size, window=args.window,
+                                                                cross_feature_size=args.cross_feature_size)
+        announce_conversion(model, args)
+        return model
+    try:  # a translator from random initialisation
+        return Seq2SeqTransformer(model_config(args, task.tokenizer.get_vocab_size()))
     except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
         raise UserError(f"bad model flags: {error}") from None
 
@@ -303,4 +338,4 @@ def validation_loss(model, examples, batches, device, dtype, ddp) -> float:
 
 
 if __name__ == "__main__":
-    run_main(lambda: main_job(MTTask, get_args()))
+    run_main(main)

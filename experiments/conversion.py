@@ -17,11 +17,9 @@ import argparse
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-import torch
 
-from support.runtime import Distributed, atomic_write, resolve_dtype, run_main, write_json
+from support.runtime import Distributed, atomic_write, run_main, write_json
 from experiments.study import Run, execute, machine, read_json, run_state
-from support.training import training_device
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).
 # Window: 64 tokens of the LM's 512; 8 for the translator, shorter than most target sentences, so that the
@@ -74,10 +72,8 @@ def after_swap(task: str, run: Run) -> dict:
     module = __import__(TASKS[task]["script"][:-3])
     args = module.get_args(argv)
     task_object = (module.LMTask if task == "lm" else module.MTTask)(args, Distributed())
-    task_object.device = training_device(args.device, task_object.ddp)
-    task_object.dtype = resolve_dtype(args.dtype, task_object.device)
-    torch.manual_seed(args.seed)  # as training.start does: the feature maps the run starts from
-    model = task_object.prepare(None)  # the data, and the teacher converted exactly as the run converts it
+    task_object.load_data(None)
+    model = module.make_model(task_object, None)  # the teacher converted exactly as the run converts it
     results = task_object.report(model.to(task_object.device).eval(), 0.0)
     write_json(path, results)
     return results

@@ -1,25 +1,23 @@
 """
-What a trainer's command line does around the training loop: the flags both trainers share, and the job.
-
-    main_job(Task, args)   one run; or, with --init pretrained, the softmax teacher first if it is missing, then
-                           the swap of section 2.2 and the finetuning, then both in a table
+What both trainers share around their main(): the flags (added, adopted from a saved run, checked), the processes,
+the softmax teacher (trained first when missing, loaded and checked), and the conversion's table.
 """
 
 import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from support.hf import is_hf
-from support.runtime import (Distributed, UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
+from support.runtime import (UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config,
                              serializable, seed, setup_distributed, take_saved_flags)
 from support.configs import feature_sizes
-from t2r import ATTENTION_KINDS, Config, convert
-from support.training import evaluate_finished, train
+from t2r import ATTENTION_KINDS, Config
 
 
 # -----------------------------------------------------------------------------
@@ -27,7 +25,8 @@ from support.training import evaluate_finished, train
 
 # The flags that belong to one invocation of a run; all others define the run, and --resume or --eval_only
 # take them from it (a resumed run is the same run: its evaluation, precision and logging included).
-INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device", "pretrained_given"}
+INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device",
+                    "pretrained_given"}  # no longer written: a run saved before may hold it
 TEACHER_RESULTS = "teacher_results.json"  # a Hugging Face teacher's evaluation, in the student's out_dir
 
 
@@ -105,7 +104,6 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // warmup_divisor)
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
-    args.pretrained_given = "pretrained" in args.explicit
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
     check_conversion_flags(args, parser)
     return args
@@ -124,7 +122,7 @@ def apply_preset(args, presets: dict, finetune: dict):
 def check_conversion_flags(args, parser):
     """The flags that only mean something together: refused up front where one would be ignored or could not
     work (before a missing teacher is trained first)."""
-    if args.pretrained_given and args.init != "pretrained":
+    if "pretrained" in args.explicit and args.init != "pretrained":
         parser.error(f"--pretrained {args.pretrained} is the model --init pretrained converts: add --init pretrained")
     if args.transfer_steps and args.init != "pretrained":
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
@@ -163,40 +161,55 @@ def check_layer_flags(args, parser):
 
 
 # -----------------------------------------------------------------------------
-# The conversion job (section 2.2): train the softmax teacher if it is missing, swap its attention, finetune
+# Around a trainer's runs: the processes, the teacher trained first, the conversion's table
 
-def main_job(task_class, args):
-    """A trainer's main(): one run, or with --init pretrained the teacher (when missing), then the student."""
+@contextmanager
+def processes(args):
+    """One process, or torchrun's process group (set up, then torn down once every process is done); the main
+    process prints the run's flags first."""
     ddp = setup_distributed()
     if ddp.is_main:
         print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
     try:
-        results = run_job(task_class, args, ddp)
+        yield ddp
         if ddp.enabled:  # wait for the main process's final evaluation: a gloo group torn down early can abort
             dist.barrier()
-        return results
     finally:
         if ddp.enabled:
             dist.destroy_process_group()
 
 
-def run_job(task_class, args, ddp: Distributed):
-    if args.eval_only:
-        return evaluate_finished(task_class(args, ddp))
-    if args.init != "pretrained" or args.resume:
-        return train(task_class(args, ddp))
-    teacher_results = None
-    if not args.pretrained_given and not os.path.isfile(args.pretrained):
-        print(f"no finished softmax teacher at {args.pretrained}: training it first")
-        teacher = teacher_args(args, task_class.SCHEDULES, task_class.teacher_overrides(args))
-        teacher_results = train(task_class(teacher, ddp))
-    results = train(task_class(args, ddp))
-    if ddp.is_main and results:
-        teacher_results = teacher_results or read_results(teacher_results_file(args))
-        name = f"{args.pretrained} (softmax, not finetuned)" if is_hf(args.pretrained) else "softmax (pretrained)"
-        rows = [(name, teacher_results)] if teacher_results else []
-        task_class.print_table(rows + [(results["attn"], results)])
-    return results
+def needs_teacher(args) -> bool:
+    """--init pretrained without --pretrained and without a finished default teacher: it is trained first."""
+    return (args.init == "pretrained" and not (args.resume or args.eval_only) and "pretrained" not in args.explicit
+            and not os.path.isfile(args.pretrained))
+
+
+def for_finetuning(teacher, args):
+    """The teacher with the finetuning's dropout, chunk size and LayerDrop in its config: what convert builds the
+    student from. With --attn softmax the teacher itself is finetuned (a control: the budget without the swap)."""
+    teacher.config.dropout, teacher.config.chunk_size = args.dropout, args.chunk_size
+    teacher.config.layer_dropout = getattr(args, "layer_dropout", teacher.config.layer_dropout)
+    return teacher
+
+
+def announce_conversion(model, args):
+    if args.attn == "softmax":
+        print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
+        return
+    causal, cross = feature_sizes(model.config)
+    print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
+          + (f", softmax window {args.window}" if args.window else "")
+          + f"; new parameters: feature maps{' and window gates' if args.window else ''} only")
+
+
+def print_conversion_table(task_class, args, ddp, teacher_results, results):
+    """The teacher's row (trained first, or read beside it) above the finetuned model's."""
+    if not (ddp.is_main and results):
+        return
+    teacher_results = teacher_results or read_results(teacher_results_file(args))
+    name = f"{args.pretrained} (softmax, not finetuned)" if is_hf(args.pretrained) else "softmax (pretrained)"
+    task_class.print_table(([(name, teacher_results)] if teacher_results else []) + [(results["attn"], results)])
 
 
 def teacher_results_file(args) -> str:
@@ -209,6 +222,7 @@ def teacher_results_file(args) -> str:
 def teacher_args(args, schedules: dict, overrides: dict):
     """The flags of the softmax teacher that --init pretrained converts. Its budget stands to the finetuning
     budget as the paper's pretraining to its finetuning (appendix Tables 3-6): the default schedules' ratio."""
+    print(f"no finished softmax teacher at {args.pretrained}: training it first")
     teacher = argparse.Namespace(**vars(args))
     teacher.attn, teacher.init, teacher.out_dir = "softmax", "random", os.path.dirname(args.pretrained)
     steps = schedules["random"]["max_steps"] / schedules["pretrained"]["max_steps"]
@@ -275,22 +289,6 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple, given_flags: tuple
             source = "" if name in args.explicit else f" (set by --preset {args.preset})"
             raise UserError(f"--{name} {getattr(args, name)}{source} differs from the pretrained model's "
                             f"{config[name]}: drop the flag (the teacher's sizes are used)")
-
-
-def student_of(teacher, args, **convert_options):
-    """The model that finetuning starts from: the teacher with its attention swapped (section 2.2), or, with
-    --attn softmax, the teacher itself (a control: the same finetuning budget without the swap)."""
-    teacher.config.dropout, teacher.config.chunk_size = args.dropout, args.chunk_size  # finetuning's own
-    teacher.config.layer_dropout = getattr(args, "layer_dropout", teacher.config.layer_dropout)
-    if args.attn == "softmax":
-        print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
-        return teacher
-    model = convert(teacher, args.attn, args.feature_size, window=args.window, **convert_options)
-    causal, cross = feature_sizes(model.config)
-    print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
-          + (f", softmax window {args.window}" if args.window else "")
-          + f"; new parameters: feature maps{' and window gates' if args.window else ''} only")
-    return model
 
 
 def model_name(args) -> str:

@@ -1,11 +1,11 @@
 """
-The training loop of both trainers: train(task).
+The training loop of both trainers: train(task, model, checkpoint).
 
     resume exactly, gradient accumulation, DDP, logging, evaluate and save every --eval_interval, --stop_at,
     one run per out_dir (a lock), a NaN guard, Ctrl-C that saves, and the run's identity in every checkpoint
 
-train_lm.py and train_mt.py each define a Task: their data, their loss, their evaluation, their model; support/job.py
-runs it (one run, or the conversion of section 2.2). Also here: the learning-rate schedules and the optimizer.
+train_lm.py and train_mt.py each define a Task: their data, loss and evaluation. Their main() opens the run
+(open_run), makes the model and hands both to train(). Also here: the learning-rate schedules and the optimizer.
 """
 
 import math
@@ -88,15 +88,17 @@ class Task:
 
     SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
     generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
-    device = dtype = None  # where and in what precision the loop runs: set by train() and evaluate_finished()
     transfer_errors = 0.0  # the transfer stage's per-layer errors, summed since the last log line
 
     def __init__(self, args, ddp: Distributed):
         self.args, self.ddp = args, ddp
         self.steps = args.transfer_steps + args.max_steps  # the run's optimizer steps, the transfer stage's first
+        self.device = training_device(args.device, ddp)  # where, and in what precision, the loop runs
+        self.dtype = resolve_dtype(args.dtype, self.device)
 
-    def prepare(self, checkpoint: dict | None):
-        """Load the data; return the checkpoint's model, or a new one (random, or converted from the teacher)."""
+    def load_data(self, checkpoint: dict | None):
+        """The task's data (and a translator's tokenizer: the checkpoint's, or a new one), checked against the
+        checkpoint of a resumed or evaluated run."""
         raise NotImplementedError
 
     def schedule(self, step: int) -> float:
@@ -177,13 +179,24 @@ class Progress:
     curve: list = field(default_factory=list)  # the learning curve: [step, tokens, validation loss] per evaluation
 
 
-def train(task: Task) -> dict:
-    """Train to --max_steps (or --stop_at), evaluating and saving every --eval_interval steps; resumable at any
-    checkpoint. Returns the final evaluation ({} when stopped early)."""
-    args, ddp = task.args, task.ddp
-    device = task.device = training_device(args.device, ddp)
-    dtype = task.dtype = resolve_dtype(args.dtype, device)
-    raw_model, optimizer, scaler, p = start(task, device, dtype)
+def open_run(task: Task) -> dict | None:
+    """Claim --out_dir for this run (a lock) and return the checkpoint --resume continues; None for a new run, which
+    is refused where a run was already started."""
+    args = task.args
+    if task.ddp.is_main:
+        lock_out_dir(task)
+    path = os.path.join(args.out_dir, "ckpt.pt")
+    if not args.resume and os.path.exists(path):
+        raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
+                        f"or choose another --out_dir")
+    return load_checkpoint(path) if args.resume else None
+
+
+def train(task: Task, model, checkpoint: dict | None) -> dict:
+    """Train `model` to --max_steps (or --stop_at), evaluating and saving every --eval_interval steps; resumable at
+    any checkpoint (`checkpoint`: the one open_run returned). Returns the final evaluation ({} when stopped early)."""
+    args, ddp, device, dtype = task.args, task.ddp, task.device, task.dtype
+    raw_model, optimizer, scaler, p = start(task, model, checkpoint)
     model = wrap(raw_model, args, device, ddp)
     bar = tqdm(total=task.steps, initial=p.step, desc=os.path.basename(args.out_dir), dynamic_ncols=True,
                mininterval=2, disable=not (ddp.is_main and sys.stderr.isatty()))  # logs get the step lines only
@@ -274,18 +287,11 @@ def check_finite(nonfinite, task: Task, p: Progress):
                         f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint; lower --lr or check the data")
 
 
-def start(task: Task, device, dtype):
+def start(task: Task, model, checkpoint: dict | None):
     """The model, optimizer, scaler and progress of a new run, or of the run in out_dir restored exactly."""
-    args, ddp = task.args, task.ddp
-    if ddp.is_main:
-        lock_out_dir(task)
+    args, ddp, device, dtype = task.args, task.ddp, task.device, task.dtype
     path = os.path.join(args.out_dir, "ckpt.pt")
-    if not args.resume and os.path.exists(path):
-        raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
-                        f"or choose another --out_dir")
-    checkpoint = load_checkpoint(path) if args.resume else None
-    torch.manual_seed(args.seed)  # the same initialisation on every process
-    model = task.prepare(checkpoint).to(device)
+    model = model.to(device)
     task.run_identity = {**task.identity(), "world_size": ddp.world_size}
     if checkpoint:
         check_identity(checkpoint, task.run_identity, path)
@@ -413,18 +419,22 @@ def write_results(task: Task, results: dict) -> dict:
     return results
 
 
-def evaluate_finished(task: Task) -> dict:
-    """--eval_only: the final evaluation of <out_dir>/model.pt again."""
+def open_finished(task: Task) -> dict:
+    """--eval_only: the checkpoint of <out_dir>/model.pt, with --out_dir locked (its results.json is rewritten)."""
     path = os.path.join(task.args.out_dir, "model.pt")
     if not os.path.isfile(path):
         raise UserError(f"no finished model at {path}: finish the run first (--resume --out_dir "
                         f"{task.args.out_dir})")
     checkpoint = load_checkpoint(path, "finished model")
     if task.ddp.is_main:
-        lock_out_dir(task)  # it rewrites results.json
-    task.device = training_device(task.args.device, task.ddp)
-    task.dtype = resolve_dtype(task.args.dtype, task.device)
-    model = task.prepare(checkpoint).to(task.device)
+        lock_out_dir(task)
+    return checkpoint
+
+
+def evaluate_finished(task: Task, model, checkpoint: dict) -> dict:
+    """--eval_only: the final evaluation of the finished model (open_finished's checkpoint) again."""
+    path = os.path.join(task.args.out_dir, "model.pt")
+    model = model.to(task.device)
     check_identity(checkpoint, task.identity(), path)
     results = task.report(model, checkpoint.get("train_seconds", 0.0))
     return write_results(task, {**training_record(task.args.out_dir), **results} if results else results)

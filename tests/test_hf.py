@@ -154,7 +154,7 @@ def finetuned(tiny_gpt2, tmp_path_factory):
             "--out_dir", str(out / "run"), "--cache_dir", str(out / "cache"), *FINETUNE]
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+        train_lm.main(argv)
     print(stdout.getvalue()[-1500:])
     return out / "run", stdout.getvalue()
 
@@ -209,7 +209,7 @@ def test_windows_longer_than_the_learned_positions_are_refused(tiny_gpt2, tmp_pa
     argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--out_dir",
             str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *FINETUNE, flag, "200"]
     with pytest.raises(runtime.UserError, match=f"{flag} 200 is longer than the 128 positions") as error:
-        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+        train_lm.main(argv)
     print(error.value)
     assert not (tmp_path / "cache").exists()  # refused before the corpus was tokenised
 
@@ -266,7 +266,7 @@ def test_an_unreachable_hub_is_a_one_line_error_that_says_what_to_do(tmp_path, c
     monkeypatch.chdir(tmp_path)
     argv = ["--init", "pretrained", "--pretrained", "hf:gpt2", "--dataset", corpus, *FINETUNE]
     with pytest.raises(runtime.UserError, match="could not download gpt2") as error:
-        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+        train_lm.main(argv)
     message = str(error.value)
     print(message)
     assert "LocalEntryNotFoundError" in message and "--pretrained hf:./gpt2" in message and "\n" not in message

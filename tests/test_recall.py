@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import job
 import train_lm
 from conftest import run, write_corpus
 from support.runtime import UserError
@@ -57,7 +56,7 @@ def test_the_script_probes_every_model_on_the_same_sequences(tmp_path, monkeypat
              "--max_steps", "2", "--eval_context", "16", "--eval_score", "8", "--eval_windows", "2"]
     monkeypatch.chdir(tmp_path)  # the two models trained in this process, for speed
     for extra in (["--out_dir", "softmax"], ["--attn", "t2r", "--feature_size", "4", "--out_dir", "t2r"]):
-        job.main_job(train_lm.LMTask, train_lm.get_args([*flags, *extra]))
+        train_lm.main([*flags, *extra])
     out = run("experiments.recall", "--ckpt", "softmax/model.pt", "--ckpt", "t2r/model.pt", "--distances", "4,16",
               "--samples", "8", "--span", "4", "--out", "recall.csv", cwd=tmp_path).stdout
     print(out)

@@ -11,7 +11,6 @@ import os
 import pytest
 import torch
 
-from support import job
 import sru
 import train_lm
 from conftest import assert_flags_refused, assert_one_line_error, report, run, write_corpus
@@ -161,7 +160,7 @@ def sru_runs(tmp_path_factory):
     try:
         for argv in (["--dataset", corpus, *SRU_TINY], ["--dataset", corpus, *SRU_TINY, "--out_dir", "split",
                                                         "--stop_at", "3"], ["--resume", "--out_dir", "split"]):
-            job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+            train_lm.main(argv)
     finally:
         os.chdir(here)
     return tmp

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 import generate
-from support import job
 from support import runtime
 import train_lm
 from support import training
@@ -139,7 +138,7 @@ def test_a_truncated_checkpoint_is_refused_and_kept(run_here, trained, tmp_path)
     ("a finished run again", ["--out_dir", "out/tiny-softmax-random"], "exists"),
 ])
 def test_train_lm_refuses(trained, tmp_path, monkeypatch, name, flags, message):
-    """In process, for speed: main_job raises the UserError that run_main prints as one line (tested above)."""
+    """In process, for speed: main raises the UserError that run_main prints as one line (tested above)."""
     tmp, corpus = trained
     write_corpus(str(tmp / "other"), seed=1, words=25)
     flags = [f if f != "other" else str(tmp / "other") for f in flags]
@@ -148,7 +147,7 @@ def test_train_lm_refuses(trained, tmp_path, monkeypatch, name, flags, message):
     argv = [a for i, a in enumerate(defaults) if not (a in given or (i and defaults[i - 1] in given))] + flags
     monkeypatch.chdir(tmp)
     with pytest.raises(runtime.UserError, match=message) as error:
-        job.main_job(train_lm.LMTask, train_lm.get_args(argv))
+        train_lm.main(argv)
     print(error.value)
 
 
