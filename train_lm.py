@@ -27,7 +27,7 @@ from support import data
 from support import hf
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
-                         needs_teacher, print_conversion_table, processes, resolve_run_flags, teacher_args)
+                         processes, resolve_run_flags, run)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
@@ -35,7 +35,7 @@ from sru import SRUConfig, SRUppLM
 from support.configs import feature_sizes
 from support.configs import KEEP_SOFTMAX_FROM
 from t2r import Config, TransformerLM, convert, is_feature_map_parameter
-from support.training import Task, evaluate_finished, get_lr, open_finished, open_run, train
+from support.training import Task, get_lr
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -172,23 +172,7 @@ def model_config(args, vocab_size: int) -> Config:
 def main(argv=None):
     args = get_args(argv)
     with processes(args) as ddp:  # one, or torchrun's
-        return run(args, ddp)
-
-
-def run(args, ddp) -> dict:
-    """One run; with --init pretrained and no finished softmax teacher, the teacher's run comes first."""
-    teacher_results = run(teacher_args(args, SCHEDULES, LMTask.teacher_overrides(args)), ddp) if needs_teacher(args) \
-        else None
-    task = LMTask(args, ddp)
-    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
-    task.load_data(checkpoint)
-    model = make_model(task, checkpoint)
-    if args.eval_only:
-        return evaluate_finished(task, model, checkpoint)
-    results = train(task, model, checkpoint)
-    if args.init == "pretrained" and not args.resume:
-        print_conversion_table(LMTask, args, ddp, teacher_results, results)
-    return results
+        return run(args, ddp, LMTask, make_model)
 
 
 def make_model(task, checkpoint: dict | None):

@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from support import mt_data
 from support.mt_data import PAD_ID
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
-                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, needs_teacher,
-                         print_conversion_table, processes, resolve_run_flags, teacher_args)
+                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
+                         processes, resolve_run_flags, run)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from support.configs import feature_sizes
 from t2r import Config, Seq2SeqTransformer, convert
-from support.training import Task, evaluate_finished, get_lr_inverse_sqrt, open_finished, open_run, train
+from support.training import Task, get_lr_inverse_sqrt
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
@@ -195,23 +195,7 @@ class MTTask(Task):
 def main(argv=None):
     args = get_args(argv)
     with processes(args) as ddp:  # one, or torchrun's
-        return run(args, ddp)
-
-
-def run(args, ddp) -> dict:
-    """One run; with --init pretrained and no finished softmax teacher, the teacher's run comes first."""
-    teacher_results = run(teacher_args(args, SCHEDULES, MTTask.teacher_overrides(args)), ddp) if needs_teacher(args) \
-        else None
-    task = MTTask(args, ddp)
-    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
-    task.load_data(checkpoint)
-    model = make_model(task, checkpoint)
-    if args.eval_only:
-        return evaluate_finished(task, model, checkpoint)
-    results = train(task, model, checkpoint)
-    if args.init == "pretrained" and not args.resume:
-        print_conversion_table(MTTask, args, ddp, teacher_results, results)
-    return results
+        return run(args, ddp, MTTask, make_model)
 
 
 def make_model(task, checkpoint: dict | None):

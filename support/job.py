@@ -17,6 +17,7 @@ from support.runtime import (UserError, device_name, explicit_flags, fraction, i
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config,
                              serializable, seed, setup_distributed, take_saved_flags)
 from support.configs import feature_sizes
+from support.training import evaluate_finished, open_finished, open_run, train
 from t2r import ATTENTION_KINDS, Config
 
 
@@ -177,6 +178,26 @@ def processes(args):
     finally:
         if ddp.enabled:
             dist.destroy_process_group()
+
+
+def run(args, ddp, task_class, make_model) -> dict:
+    """One run of a trainer: open --out_dir, load the data, make the model (the trainer's make_model: resumed,
+    converted or new), then train it, or with --eval_only evaluate it again. With --init pretrained and no finished
+    softmax teacher, the teacher's run comes first, and a table shows both."""
+    teacher_results = None
+    if needs_teacher(args):
+        teacher_results = run(teacher_args(args, task_class.SCHEDULES, task_class.teacher_overrides(args)), ddp,
+                              task_class, make_model)
+    task = task_class(args, ddp)
+    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
+    task.load_data(checkpoint)
+    model = make_model(task, checkpoint)
+    if args.eval_only:
+        return evaluate_finished(task, model, checkpoint)
+    results = train(task, model, checkpoint)
+    if args.init == "pretrained" and not args.resume:
+        print_conversion_table(task_class, args, ddp, teacher_results, results)
+    return results
 
 
 def needs_teacher(args) -> bool:
