@@ -2,12 +2,11 @@
 Speed and memory of softmax attention against T2R as the sequence grows (Kasai et al., 2021, section 3.3,
 Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
 memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
-translators on their own test sentences. SRU++ (sru.py) of the LM's width and depth runs beside them. On a GPU,
-the largest batch that fits at 8192 tokens (section capacity). The models: benchmarks/bench_models.py.
+translators on their own test sentences; SRU++ (sru.py) beside them; on a GPU, the largest batch that fits at 8192
+tokens (section capacity). The models: benchmarks/bench_models.py.
 
     python bench.py                          # everything (bench.md says how long it took)
-    python bench.py --quick --threads 1      # a smoke run of every section in under a minute
-    python bench.py --only gen,memory --lengths 128,512 --out_dir out/bench-small   # sections: gen, s2s, memory, ...
+    python bench.py --quick --threads 1      # a smoke run of every section in under a minute (--only: a few)
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
     python bench.py --mt_runs out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained
     python bench.py --device cuda --dtype bfloat16   # a GPU: batch 1, 16, 256, training to 16384, capacity

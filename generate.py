@@ -24,7 +24,7 @@ from support import data
 from sru import SRUConfig
 from t2r import LinearAttention, fold, is_folded, state_bytes
 from train_lm import data_identity
-from support.training import check_identity
+from support.run_files import check_identity
 from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
 
@@ -238,13 +238,11 @@ def describe(model) -> tuple[str, str]:
     return f"attention {', '.join(kinds)}{window}{folded}", form
 
 
-def main():
-    args = get_args()
-    decoding_kernels()
+def load_model(args, device):
+    """The checkpoint's language model (folded, Eq. 8, unless --no_fold) in eval mode, and its tokenizer."""
     checkpoint = load_checkpoint(args.ckpt)
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
-    device = get_device(args.device)
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
     if not isinstance(model.config, SRUConfig) and "t2r" in model.config.layer_kinds() and not args.no_fold:
         model = fold(model)
@@ -253,6 +251,14 @@ def main():
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
                         f"its data cache changed; retrain or restore the cache")
     check_identity(checkpoint, {"tokenizer": data_identity(lm)["tokenizer"]}, args.ckpt)  # same words, same ids
+    return model, lm
+
+
+def main():
+    args = get_args()
+    decoding_kernels()
+    device = get_device(args.device)
+    model, lm = load_model(args, device)
     ids = lm.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty: give at least one word to continue")

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import t2r
+from experiments import analyze_attention
 from support import runtime
 from support.configs import converted_kinds
 from conftest import lm_config, make, mt_config, padded_sources, report, step_all
@@ -369,3 +370,28 @@ def test_config_round_trips_as_a_plain_dict(tmp_path):
     rebuilt = runtime.build_model(checkpoint["config"])
     rebuilt.load_state_dict(checkpoint["model"])
     assert rebuilt.config == config and isinstance(rebuilt, TransformerLM)
+
+
+# -----------------------------------------------------------------------------
+# Attention weights for the analysis of section 4: rows are distributions, and weights @ v is the output
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_weights_reproduce_the_attention_output(kind):
+    """The (T, T) matrix the analysis reads is the one each form uses implicitly: merge(A v) equals the
+    module's output (the fused softmax kernel, the chunked linear form), and causal rows sum to 1."""
+    model = make(TransformerLM, lm_config(kind, feature_size=6, chunk_size=4))
+    attn = model.layers[0].self_attn
+    x = torch.randn(2, 11, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    weights = analyze_attention.attention_weights(attn, x)  # (B, H, T, T)
+    _, _, v = attn.project(x, x)
+    diff = (attn.merge(weights @ v) - attn(x)).abs().max()
+    assert report(f"{kind}: merge(weights @ v) vs forward", diff) < 1e-12
+    assert weights.triu(1).abs().max() == 0, "a position attends to the future"
+    mass = weights.sum(-1)
+    if kind == "rfa":  # sin/cos features: the shared rule divides by |denominator|, so a row sums to +-1
+        mass = mass.abs()
+    # a T2R query whose ReLU features are all zero attends to nothing (the epsilon rule gives output 0)
+    empty = mass == 0 if kind == "t2r" else torch.zeros_like(mass, dtype=torch.bool)
+    assert report(f"{kind}: rows sum to 1 ({int(empty.sum())} empty)", (mass - 1)[~empty].abs().max()) < 1e-12
+    if kind in ("softmax", "t2r", "elu"):
+        assert weights.min() >= 0

@@ -125,15 +125,7 @@ def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10
         top_scores_l, top_l = top_scores.tolist(), top.tolist()
         parents, next_tokens, next_scores = [], [], []
         for b in range(B):
-            keep = []
-            for j, (score, flat) in enumerate(zip(top_scores_l[b], top_l[b])):
-                beam, token = divmod(flat, V)
-                if token == EOS_ID:
-                    if j < K and len(finished[b]) < K and score > float("-inf"):
-                        hypothesis = tokens[b * K + beam, 1:].tolist()
-                        finished[b].append((hypothesis, score, score / (len(hypothesis) + 1) ** lenpen))
-                elif len(keep) < K:
-                    keep.append((b * K + beam, token, score))
+            keep = next_beams(b, K, V, top_scores_l[b], top_l[b], tokens, finished[b], lenpen)
             parents += [p for p, _, _ in keep]
             next_tokens += [tok for _, tok, _ in keep]
             next_scores += [s if len(finished[b]) < K else float("-inf") for _, _, s in keep]
@@ -147,6 +139,21 @@ def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10
         tokens = torch.cat([tokens[index], torch.tensor(next_tokens, device=src.device)[:, None]], 1)
         scores = torch.tensor(next_scores, dtype=logp.dtype, device=src.device).view(B, K)
     return [max(f, key=lambda h: h[2]) for f in finished]
+
+
+def next_beams(b: int, K: int, V: int, top_scores: list, top: list, tokens, finished: list, lenpen: float) -> list:
+    """Sentence b's live beams for the next step, (parent row, token, score), from its 2K best extensions (scores,
+    flat indices beam * V + token): those ending in </s> among the top K join `finished` instead."""
+    keep = []
+    for j, (score, flat) in enumerate(zip(top_scores, top)):
+        beam, token = divmod(flat, V)
+        if token == EOS_ID:
+            if j < K and len(finished) < K and score > float("-inf"):
+                hypothesis = tokens[b * K + beam, 1:].tolist()
+                finished.append((hypothesis, score, score / (len(hypothesis) + 1) ** lenpen))
+        elif len(keep) < K:
+            keep.append((b * K + beam, token, score))
+    return keep
 
 
 @torch.no_grad()

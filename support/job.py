@@ -17,7 +17,8 @@ from support.runtime import (UserError, device_name, explicit_flags, fraction, i
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config,
                              serializable, seed, setup_distributed, take_saved_flags)
 from support.configs import feature_sizes
-from support.training import evaluate_finished, open_finished, open_run, train
+from support.run_files import evaluate_finished, open_finished, open_run
+from support.training import train
 from t2r import ATTENTION_KINDS, Config
 
 

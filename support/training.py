@@ -4,8 +4,9 @@ The training loop of both trainers: train(task, model, checkpoint).
     resume exactly, gradient accumulation, DDP, logging, evaluate and save every --eval_interval, --stop_at,
     one run per out_dir (a lock), a NaN guard, Ctrl-C that saves, and the run's identity in every checkpoint
 
-train_lm.py and train_mt.py each define a Task: their data, loss and evaluation. Their main() opens the run
-(open_run), makes the model and hands both to train(). Also here: the learning-rate schedules and the optimizer.
+train_lm.py and train_mt.py each define a Task (their data, loss and evaluation) and a make_model; support/job.py's
+run() opens the run (support/run_files.py), makes the model and hands both to train(). Also here: the learning-rate
+schedules and the optimizer.
 """
 
 import math
@@ -20,14 +21,10 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-try:
-    import fcntl  # the out_dir lock is POSIX only: elsewhere runs go without it
-except ImportError:
-    fcntl = None
-
 from after_t2r import attention_transfer, linear_attention_layers
+from support.run_files import check_identity, set_aside_shorter_run, write_results
 from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
-                             get_device, load_checkpoint, make_scaler, print_config, resolve_dtype, rng_state,
+                             get_device, make_scaler, print_config, resolve_dtype, rng_state,
                              save_checkpoint, serializable, set_rng_state, unwrap, write_json)
 
 
@@ -179,19 +176,6 @@ class Progress:
     curve: list = field(default_factory=list)  # the learning curve: [step, tokens, validation loss] per evaluation
 
 
-def open_run(task: Task) -> dict | None:
-    """Claim --out_dir for this run (a lock) and return the checkpoint --resume continues; None for a new run, which
-    is refused where a run was already started."""
-    args = task.args
-    if task.ddp.is_main:
-        lock_out_dir(task)
-    path = os.path.join(args.out_dir, "ckpt.pt")
-    if not args.resume and os.path.exists(path):
-        raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
-                        f"or choose another --out_dir")
-    return load_checkpoint(path) if args.resume else None
-
-
 def train(task: Task, model, checkpoint: dict | None) -> dict:
     """Train `model` to --max_steps (or --stop_at), evaluating and saving every --eval_interval steps; resumable at
     any checkpoint (`checkpoint`: the one open_run returned). Returns the final evaluation ({} when stopped early)."""
@@ -204,8 +188,7 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # a NaN or inf loss since the last check
     with CtrlC() as ctrl_c:
         while p.step < task.steps and (args.stop_at is None or p.step < args.stop_at):
-            t_step = time.time()
-            lr = task.lr(p.step)
+            t_step, lr = time.time(), task.lr(p.step)
             set_lr(optimizer, lr)
             for micro in range(args.grad_accum):
                 counter = (p.step * args.grad_accum + micro) * ddp.world_size + ddp.rank
@@ -230,14 +213,7 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
                 t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
             if p.step % args.eval_interval == 0 or last or p.step == args.transfer_steps:
                 check_finite(nonfinite, task, p)
-                t_eval = time.time()  # evaluating and saving: left out of the next tok/s
-                validate(task, raw_model, p)
-                p.train_seconds += time.time() - t_eval
-                if p.step == args.transfer_steps:  # the model before finetuning: the final evaluation, not timed
-                    print(f"after the {p.step} steps of attention transfer:")
-                    p.after_transfer = task.report(raw_model, p.train_seconds)
-                save_run(task, raw_model, optimizer, scaler, p)
-                t_log += time.time() - t_eval
+                t_log += evaluate_and_save(task, raw_model, optimizer, scaler, p)  # left out of the next tok/s
             if ctrl_c.pressed(ddp, device, agree=p.step % args.log_interval == 0):
                 break
     bar.close()
@@ -250,6 +226,19 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
         print(f"stopped at step {p.step} of {task.steps}: continue with --resume --out_dir {args.out_dir}")
         return {}
     return finish(task, raw_model, p)
+
+
+def evaluate_and_save(task: Task, model, optimizer, scaler, p: Progress) -> float:
+    """The validation loss (and at the end of an attention-transfer stage the final evaluation, untimed), then
+    ckpt.pt. Returns the seconds it took."""
+    start_time = time.time()
+    validate(task, model, p)
+    p.train_seconds += time.time() - start_time
+    if p.step == task.args.transfer_steps:  # the model before finetuning
+        print(f"after the {p.step} steps of attention transfer:")
+        p.after_transfer = task.report(model, p.train_seconds)
+    save_run(task, model, optimizer, scaler, p)
+    return time.time() - start_time
 
 
 class CtrlC:
@@ -314,47 +303,6 @@ def start(task: Task, model, checkpoint: dict | None):
     return model, optimizer, scaler, p
 
 
-def set_aside_shorter_run(out_dir: str, step: int):
-    """A finished run trained on for more steps: its model.pt and results.json (of `step`) are kept beside it,
-    renamed, and no longer read as the finished run's."""
-    for name in ("model.pt", "results.json"):
-        path = os.path.join(out_dir, name)
-        if os.path.exists(path):
-            stem, ext = os.path.splitext(name)
-            os.replace(path, os.path.join(out_dir, f"{stem}_step{step}{ext}"))
-            print(f"{name} of the run's {step} steps kept as {stem}_step{step}{ext}")
-
-
-def lock_out_dir(task: Task):
-    """One run per out_dir: the main process holds <out_dir>/.lock until it exits, and a second run is refused."""
-    out_dir = task.args.out_dir
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        task.lock = open(os.path.join(out_dir, ".lock"), "w")
-    except OSError as error:
-        raise UserError(f"cannot write to --out_dir {out_dir} ({error.strerror}): pick a writable folder") from None
-    try:
-        if fcntl:
-            fcntl.flock(task.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by the system when the process ends
-    except BlockingIOError:
-        raise UserError(f"another run is using {out_dir} (it holds {out_dir}/.lock): wait for it to finish, "
-                        f"or pick another --out_dir") from None
-
-
-def check_identity(checkpoint: dict, current: dict, path: str):
-    """Refuse to continue or evaluate a run on another tokenizer, other data, or another number of processes."""
-    saved = checkpoint.get("identity", {})
-    for key in sorted(set(saved) & set(current)):
-        if saved[key] == current[key]:
-            continue
-        if key == "world_size":
-            raise UserError(f"{path} was trained by {saved[key]} process(es), this run has {current[key]}: resume "
-                            f"with torchrun --nproc_per_node {saved[key]} (each process draws its own batches)")
-        what = {"data": "corpus"}.get(key, key)
-        raise UserError(f"{path} was trained on another {what} ({saved[key]}, now {current[key]}): the data changed "
-                        f"since; pass the --dataset it was trained on, or train a new run in another --out_dir")
-
-
 def wrap(model, args, device, ddp):
     """torch.compile (default on CUDA) and DistributedDataParallel under torchrun."""
     if args.compile if args.compile is not None else device.type == "cuda":
@@ -413,41 +361,3 @@ def finish(task: Task, model, p: Progress) -> dict:
     return write_results(task, results)
 
 
-def write_results(task: Task, results: dict) -> dict:
-    if task.ddp.is_main and results:
-        write_json(os.path.join(task.args.out_dir, "results.json"), results)
-    return results
-
-
-def open_finished(task: Task) -> dict:
-    """--eval_only: the checkpoint of <out_dir>/model.pt, with --out_dir locked (its results.json is rewritten)."""
-    path = os.path.join(task.args.out_dir, "model.pt")
-    if not os.path.isfile(path):
-        raise UserError(f"no finished model at {path}: finish the run first (--resume --out_dir "
-                        f"{task.args.out_dir})")
-    checkpoint = load_checkpoint(path, "finished model")
-    if task.ddp.is_main:
-        lock_out_dir(task)
-    return checkpoint
-
-
-def evaluate_finished(task: Task, model, checkpoint: dict) -> dict:
-    """--eval_only: the final evaluation of the finished model (open_finished's checkpoint) again."""
-    path = os.path.join(task.args.out_dir, "model.pt")
-    model = model.to(task.device)
-    check_identity(checkpoint, task.identity(), path)
-    results = task.report(model, checkpoint.get("train_seconds", 0.0))
-    return write_results(task, {**training_record(task.args.out_dir), **results} if results else results)
-
-
-def training_record(out_dir: str) -> dict:
-    """What results.json says of the training itself (the learning curve, the figures after the transfer stage),
-    which evaluating the finished model again must keep: from ckpt.pt, the run's last state."""
-    path = os.path.join(out_dir, "ckpt.pt")
-    if not os.path.isfile(path):
-        return {}
-    checkpoint = load_checkpoint(path)
-    record = {"curve": checkpoint.get("curve", [])}
-    if checkpoint.get("after_transfer"):
-        record["after_transfer"] = checkpoint["after_transfer"]
-    return record
