@@ -33,12 +33,12 @@ from benchmarks.bench_models import (GEN_MODELS, LM_MODELS, S2S_MODELS, SRU_MODE
                                      lm_config, train_model, translator_name)
 from benchmarks.bench_report import machine_line, value, write_all
 from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_reset, largest_batch, latency_at,
-                                    measure_step, memory_readings, ratio_rows, row, step_runner, steps_per_s,
-                                    sru_theory_ratio, theory_ratio, time_shares)
-from t2r import state_bytes
-from translate import decode_speed, load_run
+                                    measure_step, memory_readings, ratio_rows, row, sru_theory_ratio, step_runner,
+                                    steps_per_s, theory_ratio, time_shares)
 from support.runtime import (Parser, UserError, decoding_kernels, is_sru, load_checkpoint, non_negative_int, run_main,
                              seed)
+from t2r import state_bytes
+from translate import decode_speed, load_run
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
 SECTIONS = ("gen", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU

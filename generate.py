@@ -21,12 +21,11 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from support import data
-from sru import SRUConfig
-from t2r import LinearAttention, fold, is_folded, state_bytes
-from train_lm import data_identity
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
+from t2r import LinearAttention, fold, is_folded, state_bytes
+from train_lm import data_identity
 
 
 def get_args(argv=None):
@@ -41,8 +40,8 @@ def get_args(argv=None):
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
     p.add_argument("--step", default="auto", choices=["auto", "eager", "graph"],
-                   help="how t2r.py's recurrent step runs: eager, or graph (recorded once as a CUDA graph and replayed; "
-                   "CUDA only); auto: graph where it can run, else eager")
+                   help="how the recurrent step runs: eager, or graph (recorded once as a CUDA graph and "
+                   "replayed; CUDA only); auto: graph where it can run, else eager")
     p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
@@ -192,10 +191,10 @@ def compile_step(model):
 
 def make_decoder(model, args, device, length: int):
     """What runs the recurrent step (--step, --compile): the model itself, compiled, or recorded as a CUDA graph of
-    `length` steps. SRU++ runs its own step, eager."""
-    if isinstance(model.config, SRUConfig):
+    `length` steps. A model without step_layers (SRU++) runs its own step, eager."""
+    if not hasattr(model, "step_layers"):
         if args.step == "graph" or args.compile:
-            raise UserError("SRU++ steps with its own step only: use --step eager, without --compile")
+            raise UserError(f"{type(model).__name__} steps with its own step only: use --step eager, without --compile")
         return model
     if args.compile:
         return compile_step(model)
@@ -218,19 +217,17 @@ def pick_run(model, args, device, length: int):
         print(f"{args.ckpt}: {what}, mode recompute")
         return lambda *rest: generate_recompute(model, *rest)
     decoder = make_decoder(model, args, device, length)
-    step = ("CUDA graph of t2r.py's step" if isinstance(decoder, CapturedStep) else
-            "t2r.py's step, compiled" if args.compile else "t2r.py's step")
+    own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
+    step = f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else own
     print(f"{args.ckpt}: {what}, mode recurrent with a {form}, {step}")
     return lambda *rest: generate_recurrent(decoder, *rest)
 
 
 def describe(model) -> tuple[str, str]:
-    """What generates (its attention, or SRU++), and the state its recurrent mode keeps."""
+    """What generates (its attention; another model family describes itself), and the state its recurrent mode keeps."""
+    if hasattr(model, "describe"):
+        return model.describe()
     c = model.config
-    if isinstance(c, SRUConfig):
-        attending = sum(c.has_attention(i) for i in range(c.n_layer))
-        return (f"SRU++ with attention in {attending} of {c.n_layer} layers",
-                "recurrent state (c per layer" + (", keys and values in the attention layers)" if attending else ")"))
     kinds = sorted(set(c.layer_kinds()))
     window = f" with a softmax window of {c.window}" if c.window else ""
     folded = " (folded, Eq. 8)" if is_folded(model) else ""
@@ -244,8 +241,8 @@ def load_model(args, device):
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
-    if not isinstance(model.config, SRUConfig) and "t2r" in model.config.layer_kinds() and not args.no_fold:
-        model = fold(model)
+    if not args.no_fold:
+        model = fold(model)  # a model without T2R layers is left as it is
     lm = load_tokenizer(checkpoint)
     if lm.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "

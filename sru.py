@@ -192,6 +192,12 @@ def append_to_cache(state, k, v):
 class SRUppLM(nn.Module):
     """model(tokens) -> logits (B, T, V); init_state / step for generation, as t2r.TransformerLM."""
 
+    def describe(self) -> tuple[str, str]:
+        """What generates, and the state its recurrent form keeps (generate.py's first line)."""
+        c, attending = self.config, sum(self.config.has_attention(i) for i in range(self.config.n_layer))
+        return (f"SRU++ with attention in {attending} of {c.n_layer} layers",
+                "recurrent state (c per layer" + (", keys and values in the attention layers)" if attending else ")"))
+
     def __init__(self, config: SRUConfig):
         super().__init__()
         self.config = config

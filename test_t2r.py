@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import t2r
+from conftest import lm_config, make, mt_config, padded_sources, report, step_all
 from experiments import analyze_attention
 from support import runtime
 from support.configs import converted_kinds
-from conftest import lm_config, make, mt_config, padded_sources, report, step_all
 from t2r import Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]

@@ -23,19 +23,17 @@ import os
 import torch
 import torch.nn.functional as F
 
-from support import data
-from support import hf
+from sru import SRUConfig, SRUppLM
+from support import data, hf
+from support.configs import KEEP_SOFTMAX_FROM, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
                          processes, resolve_run_flags, run)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
-from sru import SRUConfig, SRUppLM
-from support.configs import feature_sizes
-from support.configs import KEEP_SOFTMAX_FROM
-from t2r import Config, TransformerLM, convert, is_feature_map_parameter
 from support.training import Task, get_lr
+from t2r import Config, TransformerLM, convert, is_feature_map_parameter
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.

@@ -21,15 +21,15 @@ import torch
 import torch.nn.functional as F
 
 from support import mt_data
-from support.mt_data import PAD_ID
+from support.configs import feature_sizes
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
-                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
-                         processes, resolve_run_flags, run)
+                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, processes,
+                         resolve_run_flags, run)
+from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
-from support.configs import feature_sizes
-from t2r import Config, Seq2SeqTransformer, convert
 from support.training import Task, get_lr_inverse_sqrt
+from t2r import Config, Seq2SeqTransformer, convert
 from translate import add_decoding_flags, evaluate_bleu, inference_model
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)

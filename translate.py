@@ -23,9 +23,9 @@ from tqdm import tqdm
 
 from support import mt_data
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
-from t2r import fold
 from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
                              load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
+from t2r import fold
 
 
 # -----------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import torch.nn as nn
 from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from generate import CapturedStep
-from support.runtime import load_checkpoint
 from sru import SRUConfig, SRUppLM
+from support.runtime import load_checkpoint
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
 
 

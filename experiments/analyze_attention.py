@@ -26,12 +26,12 @@ import os
 import numpy as np
 import torch
 
+from after_t2r import WindowAttention, window_weights
 from support import data
 from support.configs import feature_sizes
-from after_t2r import WindowAttention, window_weights
-from t2r import SoftmaxAttention, convert, full_precision, masked_similarity, normalize, state_dtype
 from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
+from t2r import SoftmaxAttention, convert, full_precision, masked_similarity, normalize, state_dtype
 
 
 # -----------------------------------------------------------------------------

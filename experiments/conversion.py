@@ -18,8 +18,8 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from support.runtime import Distributed, atomic_write, run_main, write_json
 from experiments.study import Run, execute, machine, read_json, run_state
+from support.runtime import Distributed, atomic_write, run_main, write_json
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).
 # Window: 64 tokens of the LM's 512; 8 for the translator, shorter than most target sentences, so that the

@@ -19,8 +19,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from support.runtime import UserError, atomic_write, run_main
 from experiments.study import Run, execute, machine, read_json, run_state
+from support.runtime import UserError, atomic_write, run_main
 
 # row name -> (train_lm.py flags, the bench.py model that decodes like it)
 ROWS = {

@@ -16,11 +16,11 @@ import time
 
 import torch
 import torch.nn.functional as F
-from support import hf
 from bench import generate, latency_at
+from support import hf
 from support.runtime import Parser, positive_int, run_main
-from t2r import Config, TransformerLM, convert, fold, state_bytes
 from support.training import make_optimizer
+from t2r import Config, TransformerLM, convert, fold, state_bytes
 
 FEATURE_SIZE = 32  # T2R's k, as in the paper
 LENGTH = 1024  # GPT-2's last position

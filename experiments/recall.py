@@ -24,7 +24,7 @@ import torch
 
 from generate import load_tokenizer
 from support.runtime import (Parser, UserError, device_name, get_device, load_checkpoint, model_from_checkpoint,
-                                                 positive_int, run_main, seed, write_csv)
+                             positive_int, run_main, seed, write_csv)
 
 COLUMNS = ["model", "distance", "span", "samples", "repeat_accuracy", "first_accuracy"]
 

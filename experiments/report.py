@@ -22,8 +22,8 @@ import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from experiments.claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group,
-                                                   half_range, model_name, verdict_legend)
+from experiments.claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group, half_range,
+                                model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall
 from support.runtime import UserError, atomic_write, run_main
 

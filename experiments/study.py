@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from support.configs import feature_sizes
-from t2r import Config
-from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import Records, machine, weights_of
+from support.configs import feature_sizes
+from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
+from t2r import Config
 
 # -----------------------------------------------------------------------------
 # The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64

@@ -12,12 +12,12 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from support.hf import is_hf
-from support.runtime import (UserError, device_name, explicit_flags, fraction, is_sru, load_checkpoint,
-                             non_negative_float, non_negative_int, positive_float, positive_int, print_config,
-                             serializable, seed, setup_distributed, take_saved_flags)
 from support.configs import feature_sizes
+from support.hf import is_hf
 from support.run_files import evaluate_finished, open_finished, open_run
+from support.runtime import (UserError, device_name, explicit_flags, fraction, load_checkpoint, non_negative_float,
+                             non_negative_int, positive_float, positive_int, print_config, seed, serializable,
+                             setup_distributed, take_saved_flags)
 from support.training import train
 from t2r import ATTENTION_KINDS, Config
 
@@ -284,8 +284,9 @@ def load_teacher(args, what: str) -> dict:
         raise UserError(f"--pretrained {args.pretrained} is a Hugging Face GPT-2, a language model: train_lm.py "
                         f"converts it")
     checkpoint = load_checkpoint(args.pretrained, what)
-    if is_sru(checkpoint["config"]):
-        raise UserError(f"{args.pretrained} is an SRU++ model: --init pretrained converts a softmax transformer")
+    if checkpoint["config"].get("arch", "transformer") != "transformer":
+        raise UserError(f"{args.pretrained} is an {checkpoint['config']['arch'].upper()} model: --init pretrained "
+                        f"converts a softmax transformer")
     if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
         raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
                         f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")

@@ -24,8 +24,8 @@ from tqdm import tqdm
 from after_t2r import attention_transfer, linear_attention_layers
 from support.run_files import check_identity, set_aside_shorter_run, write_results
 from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
-                             get_device, make_scaler, print_config, resolve_dtype, rng_state,
-                             save_checkpoint, serializable, set_rng_state, unwrap, write_json)
+                             get_device, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
+                             serializable, set_rng_state, unwrap, write_json)
 
 
 # -----------------------------------------------------------------------------

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import bench_report
-from benchmarks import bench_tools
+from benchmarks import bench_report, bench_tools
 from conftest import assert_one_line_error, run
 from sru import SRUConfig
 from t2r import Config, TransformerLM

@@ -10,10 +10,7 @@ import pytest
 import sacrebleu
 
 from conftest import write_parallel
-from experiments import claims
-from experiments import gather
-from experiments import study
-from experiments import report as study_report
+from experiments import claims, gather, report as study_report, study
 
 
 def lm_row(model, init, test, seed=0, k=32, minutes=1.0):

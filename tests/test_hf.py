@@ -20,12 +20,10 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 import generate
-from support import hf
-from support import job
-from support import runtime
 import t2r
 import train_lm
 from conftest import assert_flags_refused, assert_one_line_error, lm_config, report, run, step_all
+from support import hf, job, runtime
 from safetensors.torch import load_file, save_file
 from experiments import gpt2_cost
 

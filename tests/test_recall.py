@@ -14,11 +14,8 @@ import torch.nn.functional as F
 
 import train_lm
 from conftest import run, write_corpus
+from experiments import gather, recall, report, study
 from support.runtime import UserError
-from experiments import gather
-from experiments import recall
-from experiments import report
-from experiments import study
 
 SPAN, DISTANCE, V = 5, 7, 50
 

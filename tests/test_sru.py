@@ -14,7 +14,7 @@ import torch
 import sru
 import train_lm
 from conftest import assert_flags_refused, assert_one_line_error, report, run, write_corpus
-from sru import SRUConfig, SRUppLayer, SRUppLM
+from sru import SRUConfig, SRUppLM, SRUppLayer
 
 T = 7
 
@@ -178,7 +178,14 @@ def test_generate_samples_from_sru_with_its_recurrent_state(sru_runs):
               cwd=sru_runs).stdout
     print(out[-400:])
     assert "SRU++ with attention in 1 of 2 layers" in out and "keys and values in the attention layers" in out
-    assert float(out.split("logits = ")[1].split()[0]) < 1e-4
+    assert "sru.py's step" in out and float(out.split("logits = ")[1].split()[0]) < 1e-4
+
+
+def test_generate_refuses_to_compile_or_record_the_sru_step(run_here, sru_runs):
+    """SRU++ steps with its own step, eager: --compile and --step graph say so before any work."""
+    for flags in (["--compile"], ["--step", "graph"]):
+        result = run_here("generate.py", "--ckpt", "split/model.pt", *flags, cwd=sru_runs)
+        assert_one_line_error(result, "SRUppLM steps with its own step only")
 
 
 def test_an_sru_checkpoint_is_not_converted(run_here, tmp_path, corpus):

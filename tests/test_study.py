@@ -15,16 +15,13 @@ import os
 import pytest
 import torch
 
-from experiments import analyze_attention
-from support import mt_data
 from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
+from experiments import analyze_attention, gather, probes, study
+from experiments import report as study_report  # conftest's report() prints a difference
+from support import mt_data
 from support.runtime import UserError
 from t2r import Config, Seq2SeqTransformer, TransformerLM
 from translate import decode_speed, greedy_decode, measure_run
-from experiments import report as study_report  # conftest's report() prints a difference
-from experiments import gather
-from experiments import probes
-from experiments import study
 
 
 # -----------------------------------------------------------------------------

@@ -16,10 +16,9 @@ import pytest
 import torch
 
 import generate
-from support import runtime
-import train_lm
-from support import training
 import t2r
+import train_lm
+from support import runtime, training
 from t2r import Config, TransformerLM, fold
 
 from conftest import ROOT, TINY, assert_flags_refused, assert_one_line_error, run, run_two_processes, write_corpus

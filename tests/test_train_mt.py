@@ -15,12 +15,11 @@ import shutil
 import pytest
 import torch
 
-from support import job
-from support import mt_data
 import train_mt as train_mt_module
 import translate
 from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
                       tiny_translator, write_parallel)
+from support import job, mt_data
 from support.mt_data import BOS_ID, EOS_ID
 from support.runtime import serializable
 

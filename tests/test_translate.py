@@ -11,11 +11,12 @@ import sys
 import pytest
 import torch
 
-from support import mt_data
-from t2r import Seq2SeqTransformer
 import translate
-from conftest import ROOT, assert_one_line_error, make, mt_config, padded_sources, report, run, step_all, tiny_translator
+from conftest import (ROOT, assert_one_line_error, make, mt_config, padded_sources, report, run, step_all,
+                      tiny_translator)
+from support import mt_data
 from support.mt_data import EOS_ID, PAD_ID
+from t2r import Seq2SeqTransformer
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 
