@@ -103,6 +103,21 @@ def assert_flags_refused(get_args, argv, message, capsys):
     print(err.strip())
 
 
+# generate.py --check prints the max |recurrent - parallel| logits of a float32 run: 2e-6 to 1.4e-5 on the README's
+# models. One tolerance for every test that reads it.
+CHECK_TOLERANCE = 1e-4
+
+
+def assert_check_passes(stdout: str) -> float:
+    """The difference generate.py --check printed, asserted below CHECK_TOLERANCE, and returned."""
+    line = next((line for line in stdout.splitlines() if line.startswith("check: max |recurrent - parallel|")), None)
+    assert line is not None, f"no check line in:\n{stdout[-1000:]}"
+    diff = float(line.rsplit("= ", 1)[1])
+    assert diff < CHECK_TOLERANCE, line
+    print(line)
+    return diff
+
+
 def report(name, diff) -> float:
     """Print a maximum difference (the tests print every one they check) and return it as a float."""
     diff = float(diff.detach()) if torch.is_tensor(diff) else float(diff)
