@@ -15,6 +15,7 @@ import after_t2r
 import t2r
 import train_lm
 import train_mt
+import translate
 from conftest import MT_TINY, TINY, assert_check_passes, assert_flags_refused, report, run, write_corpus
 from support.runtime import write_json
 from t2r import Seq2SeqTransformer, TransformerLM
@@ -157,7 +158,11 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     results = json.loads((tmp / "mt-window/results.json").read_text())
     assert results["attn"] == "t2r+transfer+window3+pretrain" and "bleu" in results["after_transfer"]["test"]
     out = run("translate.py", "--ckpt", "mt-window/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
-    assert len(out.stdout.strip().splitlines()) == 2
+    model, tokenizer, _ = translate.load_translator(str(tmp / "mt-window/model.pt"))
+    args = translate.get_args(["--beam", "3"])  # the script's decoding flags, its defaults
+    same = translate.translate_sentences(translate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
+                                         torch.device("cpu"))
+    assert out.stdout.splitlines() == same  # the script's beam search on window states is the function's
 
 
 @pytest.mark.parametrize("get_args, argv, message", [

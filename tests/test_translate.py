@@ -38,11 +38,12 @@ def test_greedy_recurrent_equals_greedy_recompute(kind):
     assert recurrent == recompute and any(len(h) > 2 for h in recurrent)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_beam_scores_equal_parallel_rescoring(kind):
+@pytest.mark.parametrize("kind, window", [(kind, 0) for kind in KINDS] + [("t2r", 2)],
+                         ids=KINDS + ["t2r window 2"])
+def test_beam_scores_equal_parallel_rescoring(kind, window):
     """Every hypothesis beam search finishes carries log p(y </s> | x) equal to one teacher-forced pass over it:
-    the recurrent states followed the right parents through every reordering."""
-    model, src = tiny_translator(kind), sources()
+    the recurrent states (a window layer's ring buffer too) followed the right parents through every reordering."""
+    model, src = tiny_translator(kind, window=window), sources()
     best = translate.beam_search(model, src, beam_size=4, lenpen=0.6, max_len_a=1.5, max_len_b=4)
     hyps, scores = [h for h, _, _ in best], [s for _, s, _ in best]
     rescored = translate.sequence_log_probs(model, src, hyps)
