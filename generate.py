@@ -24,7 +24,7 @@ from support import data
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
-from t2r import LinearAttention, fold, is_folded, state_bytes
+from t2r import LinearAttention, T2RFeatureMap, fold, is_folded, state_bytes
 from train_lm import data_identity
 
 
@@ -141,8 +141,8 @@ class CapturedStep:
         self.device = next(model.parameters()).device
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        attentions = [layer.self_attn for layer in model.layers]
-        if model.config.n_encoder_layer or not all(isinstance(a, LinearAttention) and not a.window for a in attentions):
+        attentions = [layer.self_attn for layer in model.layers]  # linear, without a window (after_t2r.WindowAttention)
+        if model.config.n_encoder_layer or not all(type(a) is LinearAttention for a in attentions):
             raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
                              "(linear attention without a window); use --step eager")
         model.embed.check_end(length)  # the graph reads its position on the device: checked here, for every step
@@ -241,8 +241,8 @@ def load_model(args, device):
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
-    if not args.no_fold:
-        model = fold(model)  # a model without T2R layers is left as it is
+    if not args.no_fold and any(isinstance(m, T2RFeatureMap) for m in model.modules()):
+        model = fold(model)
     lm = load_tokenizer(checkpoint)
     if lm.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "

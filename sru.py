@@ -6,7 +6,7 @@ with a little attention from scratch. Each layer is a Simple Recurrent Unit (SRU
 projection U is computed by a small single-head attention (section 3) in the layers that have one, and by a
 low-rank projection (Fig. 2b) in the others.
 
-    python -m pytest -q test_sru.py            # the recurrent step equals the training form; Eqs. 1-5 written out
+    python -m pytest -q tests/test_sru.py      # the recurrent step equals the training form; Eqs. 1-5 written out
 
 Shapes: B batch, T length, d hidden size, d' attention size (d : d' = 4 : 1 by default), V vocabulary.
 """

@@ -253,12 +253,12 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
     # The recurrent form projects one position with W_q, W_k, W_v stacked head by head: one product gives [q | k | v]
-    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). Stacked by
-    # init_state, and again whenever a weight has changed (its identity, version counter, dtype or device).
-    def stack_projections(self, append_one: bool) -> tuple:
+    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). Stacked anew by
+    # init_state, and again at a step whenever a weight has changed (its identity, storage, version or dtype).
+    def stack_projections(self, append_one: bool, again: bool = False) -> tuple:
         parts = [self.q_proj, self.k_proj, self.v_proj]
-        key = [(id(t), t._version, t.dtype, t.device) for p in parts for t in (p.weight, p.bias)] + [append_one]
-        if getattr(self, "stacked_key", None) != key:
+        key = [(id(t), t.data_ptr(), t._version, t.dtype) for p in parts for t in (p.weight, p.bias)] + [append_one]
+        if again or getattr(self, "stacked_key", None) != key:
             H, h = self.n_head, self.q_proj.in_features
             weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
             biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
@@ -306,7 +306,7 @@ class SoftmaxAttention(Attention):
 
     # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=False)
+        self.stack_projections(append_one=False, again=True)
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
@@ -354,7 +354,7 @@ class LinearAttention(Attention):
 
     # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=True)
+        self.stack_projections(append_one=True, again=True)
         return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
                                   dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
 
@@ -500,7 +500,9 @@ class TransformerBase(nn.Module):
     @torch.no_grad()
     def step(self, tokens, state):
         """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V);
-        updates the state in place and returns it."""
+        updates the state in place and returns it. Generation's form: dropout would apply in training mode."""
+        if self.training:
+            raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
         x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
         logits = self.step_layers(x, state["layers"])
         state["pos"] += 1
@@ -582,10 +584,9 @@ def is_feature_map_parameter(name: str) -> bool:  # the parameters a conversion 
 
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
             cross_feature_size: int = 32, window: int = 0, keep_softmax_from: str = "nth") -> TransformerBase:
-    """Swap: a copy of a trained softmax model with its (decoder) attention replaced by `attn`. Every pretrained
-    weight is copied; only the feature maps are new. A translator's encoder is left alone; its decoder's causal
-    attention defaults to k=4, its cross attention to k=32, a language model's to k=32 (section 3.2). Finetune the
-    result. window=W makes every converted causal layer the sliding-window hybrid (after_t2r.py)."""
+    """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
+    feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
+    (section 3.2). Finetune the result. window=W: the sliding-window hybrid (after_t2r.py)."""
     config = model.config
     is_seq2seq = isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
@@ -606,8 +607,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
 
 @torch.no_grad()
 def copy_pretrained(teacher: nn.Module, student: nn.Module):
-    """Copy every teacher tensor into the student, whose only other tensors must be feature maps: a mismatch raises
-    instead of silently leaving random weights."""
+    """Copy every teacher tensor into the student, whose only other tensors may be feature maps (else ValueError)."""
     source, target = teacher.state_dict(), student.state_dict()
     unused = sorted(set(source) - set(target))
     uncovered = sorted(k for k in set(target) - set(source) if not is_feature_map_parameter(k))

@@ -13,7 +13,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
                                                     # evaluated as it is, converted, finetuned with its tokenizer
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
-run() shows how the model is made (resumed, converted, or new); the loop is support/training.py's train().
+make_model() shows how the model is made (resumed, converted, or new); support/job.py's run() hands it to the loop.
 """
 
 import itertools

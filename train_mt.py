@@ -11,7 +11,7 @@ Train a translator, or convert a trained softmax translator's decoder into an RN
 
 The offline corpus is the LibreOffice help in English and German (support/mt_data.py). The final model averages the
 last snapshots (model.pt); BLEU comes from translate.py's beam search on recurrent states.
-run() shows how the model is made (resumed, converted, or new); the loop is support/training.py's train().
+make_model() shows how the model is made (resumed, converted, or new); support/job.py's run() hands it to the loop.
 """
 
 import glob
@@ -102,15 +102,16 @@ class MTTask(Task):
     SCHEDULES = SCHEDULES
 
     def load_data(self, checkpoint):
-        """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: the teacher is loaded
-        here, as self.teacher, for make_model), or a new one."""
+        """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: its checkpoint is read and
+        checked here, as self.teacher, for make_model), or a new one."""
         args, tokenizer_text = self.args, None
         if checkpoint is not None:
             if "tokenizer" not in checkpoint:
                 raise UserError(f"{args.out_dir} holds a language model, not a translator")
             tokenizer_text = checkpoint["tokenizer"]
         elif args.init == "pretrained":
-            self.teacher, tokenizer_text = load_translator_teacher(args)
+            self.teacher = load_translator_teacher(args)
+            tokenizer_text = self.teacher["tokenizer"]
         self.corpus, self.tokenizer, self.train_examples, valid = load_data(args, tokenizer_text)
         self.train_batches = mt_data.make_batches(self.train_examples, args.max_tokens)
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
@@ -206,7 +207,8 @@ def make_model(task, checkpoint: dict | None):
     if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
         return model_from_checkpoint(checkpoint, args.out_dir)
     if args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
-        teacher = for_finetuning(task.teacher, args)
+        teacher = for_finetuning(model_from_checkpoint(task.teacher, args.pretrained), args)
+        del task.teacher  # the checkpoint's tensors: not kept through the training
         model = teacher if args.attn == "softmax" else convert(teacher, args.attn, args.feature_size, window=args.window,
                                                                 cross_feature_size=args.cross_feature_size)
         announce_conversion(model, args)
@@ -218,7 +220,7 @@ def make_model(task, checkpoint: dict | None):
 
 
 def load_translator_teacher(args):
-    """The softmax translator that --init pretrained converts, and its tokenizer."""
+    """The checkpoint of the softmax translator that --init pretrained converts (its tokenizer in it), checked."""
     checkpoint = load_teacher(args, "pretrained translator")
     if not checkpoint["config"].get("n_encoder_layer") or "tokenizer" not in checkpoint:
         raise UserError(f"{args.pretrained} is a language model, not a translator: pass a model.pt of train_mt.py")
@@ -233,7 +235,7 @@ def load_translator_teacher(args):
     if (saved.get("src"), saved.get("tgt")) not in ((args.src, args.tgt), (None, None)):
         raise UserError(f"{args.pretrained} translates {saved['src']}-{saved['tgt']}, not {args.src}-{args.tgt}: "
                         f"pass --src {saved['src']} --tgt {saved['tgt']} or another --pretrained")
-    return model_from_checkpoint(checkpoint, args.pretrained), checkpoint["tokenizer"]
+    return checkpoint
 
 
 # -----------------------------------------------------------------------------

@@ -83,7 +83,6 @@ def strip(ids: list) -> list:
     return ids[: ids.index(EOS_ID)] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
 
 
-@torch.no_grad()
 def reorder_state(state, index):
     """Select batch rows of a recurrent state (beam search reorders hypotheses)."""
     if torch.is_tensor(state):
@@ -95,6 +94,7 @@ def reorder_state(state, index):
     return state  # positions and lengths are shared by the whole batch
 
 
+@torch.no_grad()
 def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10) -> list:
     """Batched beam search on recurrent states. Returns per sentence the best finished hypothesis as
     (tokens, log p(tokens + </s>), log p / (len + 1)^lenpen), the last being what beams are ranked by.

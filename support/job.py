@@ -15,9 +15,9 @@ import torch.distributed as dist
 from support.configs import feature_sizes
 from support.hf import is_hf
 from support.run_files import evaluate_finished, open_finished, open_run
-from support.runtime import (UserError, device_name, explicit_flags, fraction, load_checkpoint, non_negative_float,
-                             non_negative_int, positive_float, positive_int, print_config, seed, serializable,
-                             setup_distributed, take_saved_flags)
+from support.runtime import (UserError, decoding_kernels, device_name, explicit_flags, fraction, load_checkpoint,
+                             non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
+                             serializable, setup_distributed, take_saved_flags)
 from support.training import train
 from t2r import ATTENTION_KINDS, Config
 
@@ -170,6 +170,7 @@ def processes(args):
     """One process, or torchrun's process group (set up, then torn down once every process is done); the main
     process prints the run's flags first."""
     ddp = setup_distributed()
+    decoding_kernels()  # a translator's batches, like decoding's steps, bring new shapes (see decoding_kernels)
     if ddp.is_main:
         print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
     try:

@@ -348,7 +348,7 @@ def is_sru(config: dict) -> bool:
     return config.get("arch") == "sru++"
 
 
-def build_model(config: Config | dict) :
+def build_model(config: Config | dict):
     """The model a config describes: a translator when it has an encoder, else a language model."""
     config = Config(**config) if isinstance(config, dict) else config
     return Seq2SeqTransformer(config) if config.n_encoder_layer else TransformerLM(config)

@@ -137,7 +137,7 @@ class Task:
         raise NotImplementedError
 
     def identity(self) -> dict:
-        """Fingerprints of what the run was trained on (its tokenizer, its data), called after prepare():
+        """Fingerprints of what the run was trained on (its tokenizer, its data), called after load_data():
         a checkpoint carries them, and resuming, evaluating or converting it on anything else is refused."""
         return {}
 

@@ -154,6 +154,27 @@ def test_decoding_turns_cudnn_attention_off_and_importing_t2r_does_not():
     assert out.stdout.split() == ["True", "False", "True", "True"], out.stderr
 
 
+@pytest.mark.parametrize("attn, window, recordable", [("t2r", 0, True), ("elu", 0, True), ("softmax", 0, False),
+                                                       ("t2r", 3, False)])
+def test_what_a_cuda_graph_may_record(monkeypatch, attn, window, recordable):
+    """Only a constant-size state without a window can be recorded: the check CapturedStep runs after its device's
+    (here the device check is passed by pretending the model is on CUDA)."""
+    model = tiny_lm(attn=attn, window=window, fold_it=attn == "t2r" and not window)
+    monkeypatch.setattr(type(next(model.parameters())), "device", property(lambda self: torch.device("cuda")))
+    if recordable:
+        assert CapturedStep(model, 16).length == 16
+    else:
+        with pytest.raises(ValueError, match="constant-size state"):
+            CapturedStep(model, 16)
+
+
+def test_the_step_refuses_a_model_in_training_mode():
+    """The recurrent form generates: in training mode its dropout would apply, silently."""
+    model = tiny_lm().train()
+    with pytest.raises(ValueError, match="model.eval"):
+        model.step(torch.tensor([1]), model.init_state(1))
+
+
 def test_cuda_graphs_refuse_a_cpu_model():
     with pytest.raises(ValueError, match="CUDA device"):
         CapturedStep(tiny_lm(fold_it=True), 16)

@@ -25,7 +25,7 @@ from conftest import (ROOT, TINY, assert_check_passes, assert_flags_refused, ass
                       run_two_processes, write_corpus)
 
 
-def test_main_job_end_to_end(tmp_path, corpus):
+def test_the_conversion_job_end_to_end(tmp_path, corpus):
     """--init pretrained alone: pretrain the teacher, convert, finetune, evaluate both; then generate."""
     out = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path)
     print(out.stdout[-1500:])

@@ -190,7 +190,7 @@ def train_mt(*args, cwd, check=True):
     return run("train_mt.py", *args, cwd=cwd, check=check)
 
 
-def test_main_job_end_to_end(trained_translator):
+def test_the_conversion_job_end_to_end(trained_translator):
     tmp, corpus, out = trained_translator
     print(out.stdout[-1200:])
     assert "training it first" in out.stdout and "converted" in out.stdout
