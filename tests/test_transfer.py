@@ -58,6 +58,19 @@ def test_the_carried_forward_run_is_the_teachers(pair, batch, window):
     assert len(errors) == len(after_t2r.linear_attention_layers(student)) and (errors > 0).all()
 
 
+def test_the_transfer_run_under_torch_compile_then_the_student_again():
+    """Training compiles the model on CUDA: the transfer call swaps each layer's forward for one call under it, and
+    the next call is the student's own forward again (the eager backend traces without compiling C++)."""
+    teacher, student = lm_pair()
+    compiled, inputs = torch.compile(student, backend="eager"), lm_batch()
+    with torch.no_grad():
+        _, logits = after_t2r.attention_transfer(compiled, *inputs)
+        diffs = ((logits - teacher(*inputs)).abs().max(), (compiled(*inputs) - student(*inputs)).abs().max())
+    assert report("compiled transfer run vs teacher logits", diffs[0]) < 1e-9
+    assert report("compiled student after it vs the student", diffs[1]) < 1e-9
+    assert (logits - student(*inputs)).abs().max() > 0  # the student is not the teacher: the forward was restored
+
+
 def test_the_error_is_zero_where_the_window_covers_the_text():
     _, student = lm_pair(window=T)  # softmax over the last T tokens: all of them
     errors, _ = after_t2r.attention_transfer(student, *lm_batch())
