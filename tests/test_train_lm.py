@@ -237,6 +237,27 @@ def test_generate_refuses(trained, argv, message):
     assert_one_line_error(run("generate.py", *argv, cwd=tmp, check=False), message)
 
 
+def test_generate_decodes_a_softmax_model_with_its_kv_cache(run_here, trained):
+    tmp, _ = trained
+    result = run_here("generate.py", "--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
+                      "30", "--check", cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    assert "attention softmax, mode recurrent with a KV cache" in result.stdout
+    assert_check_passes(result.stdout)
+
+
+def test_generate_samples_several_continuations_as_one_batch(run_here, trained):
+    tmp, _ = trained
+    result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
+                      "6", "--num_samples", "3", "--seed", "3", cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("--- sample ")[1:]
+    assert [s.split("\n")[0] for s in samples] == ["0", "1", "2"]
+    texts = [s.split("\n")[1].split() for s in samples]
+    assert all(t[:2] == ["w1", "w2"] and len(t) >= 3 for t in texts) and len({" ".join(t) for t in texts}) > 1
+    assert "3 x 6 tokens" in result.stdout
+
+
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
     """generate.py decodes with t2r.py's own linear_attention_step (Eqs. 6-7): one call per layer and token fed in
     (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
