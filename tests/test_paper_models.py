@@ -106,7 +106,7 @@ def test_bad_adaptive_configs_are_refused(overrides, message):
         lm_config("softmax", **overrides)
 
 
-def test_train_lm_with_adaptive_softmax_trains_resumes_and_generates(tmp_path):
+def test_train_lm_with_adaptive_softmax_trains_and_generates(tmp_path):
     """--adaptive_cutoffs end to end on the tiny corpus (its ids are in order of frequency), then generate.py's
     recurrent form checked against the parallel one."""
     corpus = write_corpus(str(tmp_path / "tiny"))
@@ -116,6 +116,17 @@ def test_train_lm_with_adaptive_softmax_trains_resumes_and_generates(tmp_path):
     assert checkpoint["config"]["adaptive_cutoffs"] == [8, 20] and "lm_head.band_entries.weight" in checkpoint["model"]
     gen = run("generate.py", "--ckpt", "adaptive/model.pt", "--num_tokens", "20", "--check", cwd=tmp_path)
     assert_check_passes(gen.stdout)
+
+
+def test_layerdrop_skips_every_layer_at_probability_one_in_training_only():
+    """--layer_dropout (the paper's WikiText-103 model): at p = 1 a training forward is the embedding through the
+    final norm and head alone; in eval every layer runs."""
+    model = make(TransformerLM, lm_config("t2r", layer_dropout=1.0, dropout=0.0))
+    tokens = torch.randint(0, 37, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        skipped = model.output(model.embed(tokens))
+        assert report("training forward vs no layers", (model.train()(tokens) - skipped).abs().max()) == 0
+        assert (model.eval()(tokens) - skipped).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("value", ["20,8", "8,x", "0,8"])

@@ -258,6 +258,20 @@ def test_generate_samples_several_continuations_as_one_batch(run_here, trained):
     assert "3 x 6 tokens" in result.stdout
 
 
+def test_t2r_with_softmax_layers_kept_converts_trains_and_generates(run_here, trained):
+    """The paper's "T2R 75%" at two layers (--keep_softmax_every 2: the second layer from the top, the bottom one,
+    stays softmax): the run keeps that layer, and its mixed state (a KV cache below a T2R state) generates."""
+    tmp, corpus = trained
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained",
+                      "out/tiny-softmax-random/model.pt", "--keep_softmax_every", "2", "--max_steps", "2",
+                      "--out_dir", "t2r50", cwd=tmp)
+    assert result.returncode == 0, result.stderr
+    assert torch.load(tmp / "t2r50/model.pt", weights_only=True)["config"]["attn"] == ["softmax", "t2r"]
+    gen = run_here("generate.py", "--ckpt", "t2r50/model.pt", "--num_tokens", "20", "--check", cwd=tmp)
+    assert "attention softmax, t2r (folded, Eq. 8)" in gen.stdout
+    assert_check_passes(gen.stdout)
+
+
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
     """generate.py decodes with t2r.py's own linear_attention_step (Eqs. 6-7): one call per layer and token fed in
     (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
