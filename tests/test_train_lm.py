@@ -5,6 +5,7 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
 """
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -270,6 +271,20 @@ def test_t2r_with_softmax_layers_kept_converts_trains_and_generates(run_here, tr
     gen = run_here("generate.py", "--ckpt", "t2r50/model.pt", "--num_tokens", "20", "--check", cwd=tmp)
     assert "attention softmax, t2r (folded, Eq. 8)" in gen.stdout
     assert_check_passes(gen.stdout)
+
+
+def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(run_here, corpus, tmp_path):
+    """--tokenizer bpe: the test split's NLL over its tokens gives ppl, over its words (whitespace words plus one
+    <eos> a line, counted here from the text) word_ppl."""
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--tokenizer", "bpe", "--vocab_size", "280",
+                      "--max_steps", "2", "--out_dir", "bpe", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    test = json.loads((tmp_path / "bpe/results.json").read_text())["test"]
+    lines = open(os.path.join(corpus, "test.txt")).read().splitlines()
+    words = sum(len(line.split()) + 1 for line in lines)
+    nll = math.log(test["ppl"]) * test["tokens"]
+    assert test["tokens"] > words  # BPE cuts words into pieces
+    assert math.log(test["word_ppl"]) * words == pytest.approx(nll, rel=1e-6)  # ppl: exp in float32; a word off: 2e-3
 
 
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
