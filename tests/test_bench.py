@@ -308,14 +308,25 @@ def test_alternating_takes_turns_forward_then_backward():
     assert got == {"a": [1, 4, 5], "b": [2, 3, 6]}
 
 
-def test_translators_take_turns_and_are_compared_pass_by_pass(tmp_path):
+def test_translators_take_turns_and_are_compared_pass_by_pass(tmp_path, monkeypatch):
+    """Each pass's rate against the softmax run's pass of the same round: the median of those ratios (1.5 here), not
+    the ratio of the medians (110 / 100), and their range. The passes' rates are made up; the runs are real."""
     runs = [translator_run(tmp_path / kind, kind)[0] for kind in ("softmax", "t2r")]
+    rates, feeds = [[100.0, 40.0, 300.0], [350.0, 60.0, 110.0]], {}  # per pass: softmax's, then t2r's
+
+    def made_up_decoding(model, *rest):  # the first model asked for is the softmax run's (--mt_runs order)
+        if id(model) not in feeds:
+            feeds[id(model)] = iter(rates[len(feeds)] * 2)  # greedy's passes, then beam's
+        feed = feeds[id(model)]
+        return lambda: {"tokens_per_s": next(feed)}
+    monkeypatch.setattr(bench, "decoding", made_up_decoding)
     args = SimpleNamespace(device=torch.device("cpu"), mt_runs=runs, mt_sentences=8, mt_passes=3)
     rows = []
     bench.bench_translators(args, rows)
     got = {(r["model"], r["metric"]): r["value"] for r in rows}
     print({key: round(v, 3) for key, v in got.items()})
-    for metric in ("tokens_per_s_ratio", "beam5_tokens_per_s_ratio"):
-        low, median, high = (got[("t2r/softmax", metric + end)] for end in ("_min", "", "_max"))
-        assert 0 < low <= median <= high
+    for metric in ("tokens_per_s", "beam5_tokens_per_s"):
+        assert (got[("softmax", metric)], got[("t2r", metric)]) == (100.0, 110.0)
+        ratios = [got[("t2r/softmax", metric + "_ratio" + end)] for end in ("_min", "", "_max")]
+        assert ratios == pytest.approx([110 / 300, 1.5, 3.5])
     assert ("softmax/softmax", "tokens_per_s_ratio") not in got and got[("t2r", "share_sdpa")] == 0
