@@ -387,13 +387,19 @@ def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
     assert_flags_refused(train_mt_module.get_args, argv, message, capsys)
 
 
-def test_ddp_gloo_two_processes(tmp_path):
-    """Two processes on CPU (gloo): each takes its own batches; rank 0 writes the checkpoints and the BLEU."""
+def test_ddp_gloo_two_processes_train_as_one_process_accumulating_their_batches(tmp_path):
+    """Two processes on CPU (gloo) take the batches of counters 2s and 2s + 1 at step s and average their gradients:
+    one process with --grad_accum 2 takes the same two batches and averages the same way. Without dropout the
+    weights agree up to the order of float32 sums; rank 0 alone writes the checkpoints and the BLEU."""
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
-    run_two_processes("train_mt.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *MT_TINY, cwd=tmp_path)
-    checkpoint = torch.load(tmp_path / "out/mt-toy-en-de-t2r-random/ckpt.pt", weights_only=True)
-    assert checkpoint["step"] == 4 and len(checkpoint["rng"]) == 2
-    assert (tmp_path / "out/mt-toy-en-de-t2r-random/results.json").is_file()
+    flags = ["--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *MT_TINY, "--dropout", "0"]
+    run_two_processes("train_mt.py", *flags, "--out_dir", "ddp", cwd=tmp_path)
+    run("train_mt.py", *flags, "--grad_accum", "2", "--out_dir", "one", cwd=tmp_path)
+    ddp, one = (torch.load(tmp_path / f"{name}/ckpt.pt", weights_only=True) for name in ("ddp", "one"))
+    assert ddp["step"] == one["step"] == 4 and len(ddp["rng"]) == 2
+    diff = max((ddp["model"][k] - one["model"][k]).abs().max().item() for k in one["model"])
+    assert report("two processes vs one accumulating, weights after 4 steps", diff) < 1e-5
+    assert (tmp_path / "ddp/results.json").is_file()
 
 
 def test_batch_order_is_a_function_of_the_counter_and_covers_every_batch():
