@@ -16,7 +16,6 @@ import torch
 import bench
 from benchmarks import bench_report, bench_tools
 from conftest import assert_one_line_error, run
-from sru import SRUConfig
 from t2r import Config, TransformerLM
 
 
@@ -133,22 +132,6 @@ def test_a_gpu_has_its_own_goal():
     args = SimpleNamespace(batch_sizes=[16], memory_length=4096, quadratic_max=4096, device=torch.device("cuda"))
     got = {what: verdict for what, _, _, verdict in bench_report.ratios(rows, args)}
     assert got["t2r32 / softmax_kv tokens/s at 8192, batch 16"] == "pass"  # the GPU's goal is 10
-
-
-def test_theory_ratio():
-    # 2 N h / (r k (d + 1)): N=4096, h=256, r=4 heads of d=64, k=32 -> 2*4096*256 / (4*32*65) = 252.06
-    assert bench.theory_ratio(4096, 256, 4, 32) == pytest.approx(252.06, abs=0.01)
-    assert bench.theory_ratio(4096, 256, 4, 4) == pytest.approx(2016.49, abs=0.01)  # the translator's k=4
-    assert bench.theory_ratio(4096, 1024, 8, 32) == pytest.approx(2 * 4096 * 128 / (32 * 129))  # the paper's LM
-    # a window of W = 64 adds 2 W d per head: 2*4096*256 / (4*(32*65 + 2*64*64)) = 51.0
-    assert bench.theory_ratio(4096, 256, 4, 32, window=64) == pytest.approx(2 * 4096 * 256 / (4 * (32 * 65 + 8192)))
-
-
-def test_sru_theory_ratio():
-    # 2 N h L / (L h + a 2 N d'): N=4096, h=256, L=4 layers, d'=64; a=4 attention layers, or a=1
-    every, top = (SRUConfig(n_layer=4, d_model=256, attn_every=k) for k in (1, 4))
-    assert bench.sru_theory_ratio(4096, every) == pytest.approx(2 * 4096 * 256 * 4 / (4 * 256 + 4 * 2 * 4096 * 64))
-    assert bench.sru_theory_ratio(4096, top) == pytest.approx(15.97, abs=0.01)
 
 
 def test_peak_memory_counts_new_tensors_only():
