@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from conftest import ROOT
 from experiments import study
@@ -37,11 +38,10 @@ with open(os.path.join(out, "trace.json"), "w") as f:
                "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
 if signals:
     sys.exit(130)
-if "--weights_from" in flags:  # a checkpoint with one weight, for the records' digests; the file's value stands
-    weight = float(open(flags["--weights_from"]).read())  # for what the same flags trained (the same, or not)
-    import torch
+if "--weights_from" in flags:  # a checkpoint the test wrote (one weight), for the records' digests: it stands for
+    import shutil              # what the same flags trained (the same, or not); copied, so no torch to import here
     for name in ("ckpt.pt", "model.pt"):
-        torch.save({"model": {"w": torch.tensor([weight])}}, os.path.join(out, name))
+        shutil.copyfile(flags["--weights_from"], os.path.join(out, name))
 with open(os.path.join(out, "results.json"), "w") as f:
     json.dump({"valid": {"ppl": 1.0}, "test": {"ppl": 1.0}, "train_minutes": 0.0}, f)
 """
@@ -190,8 +190,7 @@ with open(os.path.join(sys.argv[1], "probe.txt"), "w") as f:
 
 def test_a_run_is_probed_after_it_trains_and_done_only_then(tmp_path):
     teacher = fake_plan(tmp_path, seconds=0.1)[0]
-    (tmp_path / "weights.txt").write_text("1.0")
-    teacher.flags["weights_from"] = str(tmp_path / "weights.txt")  # the probe reads them
+    teacher.flags["weights_from"] = write_weights(tmp_path / "weights.pt", 1.0)  # the probe reads them
     (tmp_path / "probe.py").write_text(PROBE)
     teacher.probes = [("probe.txt", [str(tmp_path / "probe.py"), teacher.out_dir])]
     study.execute([teacher], dry_run=False, jobs=1)
@@ -200,12 +199,17 @@ def test_a_run_is_probed_after_it_trains_and_done_only_then(tmp_path):
     assert study.trained(teacher) == "done" and study.state(teacher) == "probe"
 
 
+def write_weights(path, value: float) -> str:
+    """A checkpoint of one weight, which the stand-in trainer copies as its ckpt.pt and model.pt."""
+    torch.save({"model": {"w": torch.tensor([value])}}, path)
+    return str(path)
+
+
 def kept_plan(tmp_path, teacher_weights=1.0, students=("student",)):
     """A teacher with weights and its conversions, under tmp_path/out, their records under tmp_path/records."""
     script = tmp_path / "fake_trainer.py"
     script.write_text(FAKE_TRAINER)
-    out, weights = tmp_path / "out", tmp_path / "weights.txt"
-    weights.write_text(str(teacher_weights))
+    out, weights = tmp_path / "out", write_weights(tmp_path / "weights.pt", teacher_weights)
     run = lambda name, **flags: study.Run(name, str(script), {"seconds": 0.1, "weights_from": str(weights), **flags,
                                                               "out_dir": str(out / name)})
     plan = [run("teacher")] + [run(name, pretrained=str(out / "teacher" / "ckpt.pt")) for name in students]
