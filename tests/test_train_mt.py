@@ -244,13 +244,14 @@ def test_softmax_control_continues_the_teacher(trained_translator, tmp_path):
     assert control["config"]["attn"] == "softmax" and control["config"]["cross_attn"] == "softmax"
 
 
-def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
+def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path, run_here):
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
     common = ["--dataset", corpus, "--max_steps", "8", *MT_TINY, "--bleu_sentences", "2", "--attn", "elu", "--beam", "2"]
-    train_mt(*common, "--out_dir", "straight", cwd=tmp_path)
-    stopped = train_mt(*common, "--out_dir", "resumed", "--stop_at", "3", cwd=tmp_path)
+    in_process = lambda *argv: run_here("train_mt.py", *argv, cwd=tmp_path)  # no subprocess: no torch import each
+    assert in_process(*common, "--out_dir", "straight").returncode == 0
+    stopped = in_process(*common, "--out_dir", "resumed", "--stop_at", "3")
     assert "continue with --resume" in stopped.stdout
-    train_mt("--resume", "--out_dir", "resumed", cwd=tmp_path)
+    assert in_process("--resume", "--out_dir", "resumed").returncode == 0
     a = torch.load(tmp_path / "straight/ckpt.pt", weights_only=True)
     b = torch.load(tmp_path / "resumed/ckpt.pt", weights_only=True)
     diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
@@ -259,15 +260,15 @@ def test_resume_is_exact_and_keeps_the_decoding_flags(tmp_path):
     assert results["beam"] == 2 and results["test"]["sentences"] == 2  # the run's decoding flags, not defaults
 
 
-def test_a_finished_run_trained_on_equals_the_longer_run(tmp_path):
+def test_a_finished_run_trained_on_equals_the_longer_run(tmp_path, run_here):
     """The inverse square-root schedule ignores --max_steps: --resume --max_steps 8 of a 5-step run is the 8-step run
     (its average leaves out the 5-step run's last snapshot, off the grid of 2), and the 5-step run's model.pt and
     results.json are kept aside."""
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
     common = ["--dataset", corpus, *MT_TINY, "--bleu_sentences", "2", "--warmup_steps", "2"]
-    train_mt(*common, "--max_steps", "8", "--out_dir", "straight", cwd=tmp_path)
-    train_mt(*common, "--max_steps", "5", "--out_dir", "longer", cwd=tmp_path)
-    train_mt("--resume", "--out_dir", "longer", "--max_steps", "8", cwd=tmp_path)
+    for argv in ([*common, "--max_steps", "8", "--out_dir", "straight"], [*common, "--max_steps", "5", "--out_dir",
+                 "longer"], ["--resume", "--out_dir", "longer", "--max_steps", "8"]):
+        assert run_here("train_mt.py", *argv, cwd=tmp_path).returncode == 0  # in process: no torch import each
     a = torch.load(tmp_path / "straight/model.pt", weights_only=True)
     b = torch.load(tmp_path / "longer/model.pt", weights_only=True)
     diff = max((a["model"][k] - b["model"][k]).abs().max() for k in a["model"])
