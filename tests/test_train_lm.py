@@ -68,12 +68,13 @@ def final_state(path):
     ("softmax", ["--dtype", "bfloat16", "--eval_context", "24", "--log_interval", "3"]),  # the run's own settings
     ("rfa", []),  # random features redrawn every step must resume too
 ])
-def test_resume_is_exact_and_restores_every_flag(tmp_path, corpus, attn, flags):
+def test_resume_is_exact_and_restores_every_flag(tmp_path, corpus, attn, flags, run_here):
     common = ["--dataset", corpus, "--attn", attn, "--max_steps", "8", "--dropout", "0.1", *TINY, *flags]
-    run("train_lm.py", *common, "--out_dir", "straight", cwd=tmp_path)
-    stopped = run("train_lm.py", *common, "--out_dir", "split", "--stop_at", "3", cwd=tmp_path)
+    in_process = lambda *argv: run_here("train_lm.py", *argv, cwd=tmp_path)  # no subprocess: no torch import each
+    assert in_process(*common, "--out_dir", "straight").returncode == 0
+    stopped = in_process(*common, "--out_dir", "split", "--stop_at", "3")
     assert "stopped at step 3 of 8" in stopped.stdout
-    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)  # every other flag comes from the run
+    assert in_process("--resume", "--out_dir", "split").returncode == 0  # every other flag comes from the run
     assert json.loads((tmp_path / "split/args.json").read_text())["dtype"] == ("bfloat16" if flags else "auto")
     a, opt_a = final_state(tmp_path / "straight/ckpt.pt")
     b, opt_b = final_state(tmp_path / "split/ckpt.pt")

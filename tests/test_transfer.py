@@ -142,14 +142,15 @@ def lm_teacher(tmp_path_factory):
     return tmp, corpus, str(tmp / "teacher/model.pt")
 
 
-def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher):
+def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher, run_here):
     tmp, corpus, teacher = lm_teacher
     common = ["--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained", teacher, "--transfer_steps", "4",
               "--max_steps", "3", "--window", "4", "--dropout", "0.1"]
-    straight = run("train_lm.py", *common, "--out_dir", "straight", cwd=tmp)
+    in_process = lambda script, *argv: run_here(script, *argv, cwd=tmp)  # no subprocess: no torch import each
+    straight = in_process("train_lm.py", *common, "--out_dir", "straight")
     assert "step 4/7 (transfer)" in straight.stdout and "transfer error by layer: 0.self" in straight.stdout
-    run("train_lm.py", *common, "--out_dir", "split", "--stop_at", "2", cwd=tmp)  # in the middle of the transfer
-    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp)
+    assert in_process("train_lm.py", *common, "--out_dir", "split", "--stop_at", "2").returncode == 0  # mid-transfer
+    assert in_process("train_lm.py", "--resume", "--out_dir", "split").returncode == 0
     a, b = (torch.load(tmp / run_dir / "ckpt.pt", weights_only=True) for run_dir in ("straight", "split"))
     assert a["step"] == b["step"] == 7
     assert all(a["after_transfer"][split] == b["after_transfer"][split] for split in ("valid", "test"))
@@ -158,8 +159,7 @@ def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher):
     assert results["attn"] == "t2r+transfer+window4+pretrain"
     print(f"after transfer {results['after_transfer']['valid']['ppl']:.2f}, finetuned {results['valid']['ppl']:.2f}")
     # generate.py samples from the window model with its recurrent form
-    out = run("generate.py", "--ckpt", "straight/model.pt", "--prompt", "w1 w2", "--num_tokens", "12", "--check",
-              cwd=tmp)
+    out = in_process("generate.py", "--ckpt", "straight/model.pt", "--prompt", "w1 w2", "--num_tokens", "12", "--check")
     assert "softmax window of 4" in out.stdout, out.stdout
     assert_check_passes(out.stdout)
 
