@@ -127,18 +127,18 @@ def test_before_finetuning_is_the_finetuning_runs_starting_point(tiny_teacher, t
     assert (other["layers.0.self_attn.feature_map.weight"] != rebuilt["layers.0.self_attn.feature_map.weight"]).any()
 
 
-def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path):
+def test_softmax_control_trains_the_teacher_on_unchanged(tiny_teacher, tmp_path, run_here):
     """The study's control: --init pretrained --attn softmax starts from the teacher itself (no swap)."""
     _, common, teacher = tiny_teacher
     control = str(tmp_path / "control")
-    run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--attn", "softmax",
-        "--max_steps", "2", "--stop_at", "0", "--out_dir", control, cwd=tmp_path)
+    assert run_here("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--attn", "softmax",
+                    "--max_steps", "2", "--stop_at", "0", "--out_dir", control, cwd=tmp_path).returncode == 0
     start = torch.load(os.path.join(control, "ckpt.pt"), weights_only=True)
     original = torch.load(teacher, weights_only=True)
     assert start["config"]["attn"] == original["config"]["attn"] == "softmax"
     diff = max((start["model"][name] - original["model"][name]).abs().max() for name in original["model"])
     assert report("control at step 0 vs the teacher", diff) == 0
-    run("train_lm.py", "--resume", "--out_dir", control, cwd=tmp_path)
+    assert run_here("train_lm.py", "--resume", "--out_dir", control, cwd=tmp_path).returncode == 0
     results = json.loads(open(os.path.join(control, "results.json")).read())
     assert results["attn"] == "softmax+pretrain" and results["k"] is None
 

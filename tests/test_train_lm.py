@@ -26,8 +26,9 @@ from conftest import (ROOT, TINY, assert_check_passes, assert_flags_refused, ass
                       run_two_processes, write_corpus)
 
 
-def test_the_conversion_job_end_to_end(tmp_path, corpus):
-    """--init pretrained alone: pretrain the teacher, convert, finetune, evaluate both; then generate."""
+def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
+    """--init pretrained alone, as a user runs it: pretrain the teacher, convert, finetune, evaluate both; then
+    generate, refuse a second run, evaluate again (those in process: no torch import each)."""
     out = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path)
     print(out.stdout[-1500:])
     assert "training it first" in out.stdout
@@ -38,22 +39,22 @@ def test_the_conversion_job_end_to_end(tmp_path, corpus):
     assert student["config"]["attn"] == ["t2r", "t2r"]
     # generate past the training length (32 tokens) with the folded recurrent form, and check it
     student_ckpt = "out/tiny-t2r-pretrained/model.pt"
-    gen = run("generate.py", "--ckpt", student_ckpt, "--prompt", "w1 w2 w3", "--num_tokens", "80", "--check", "--temperature", "0.8",
-              "--top_k", "5", cwd=tmp_path)
+    sample = ["--ckpt", student_ckpt, "--prompt", "w1 w2 w3", "--num_tokens", "80", "--temperature", "0.8",
+              "--top_k", "5"]
+    gen = run_here("generate.py", *sample, "--check", cwd=tmp_path)
     print(gen.stdout[-600:])
     assert "folded, Eq. 8" in gen.stdout and "tokens/s" in gen.stdout
     assert_check_passes(gen.stdout)
-    same = run("generate.py", "--ckpt", student_ckpt, "--prompt", "w1 w2 w3", "--num_tokens", "80", "--temperature", "0.8", "--top_k", "5",
-               cwd=tmp_path)
+    same = run_here("generate.py", *sample, cwd=tmp_path)
     assert same.stdout.split("\n")[1] == gen.stdout.split("\n")[1]  # seeded sampling is reproducible
-    softmax = run("generate.py", "--ckpt", "out/tiny-softmax-random/model.pt", "--mode", "recompute",
-                  "--temperature", "0", "--num_tokens", "5", cwd=tmp_path)
+    softmax = run_here("generate.py", "--ckpt", "out/tiny-softmax-random/model.pt", "--mode", "recompute",
+                       "--temperature", "0", "--num_tokens", "5", cwd=tmp_path)
     assert "KV cache" not in softmax.stdout.split("\n")[0] and "mode recompute" in softmax.stdout
-    again = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path,
-                check=False)
+    again = run_here("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY,
+                     cwd=tmp_path)
     assert_one_line_error(again, "exists", "--resume")
     # --eval_only takes the run's flags from its folder and labels it as the run it evaluates
-    evaluated = run("train_lm.py", "--eval_only", "--out_dir", "out/tiny-t2r-pretrained", cwd=tmp_path)
+    evaluated = run_here("train_lm.py", "--eval_only", "--out_dir", "out/tiny-t2r-pretrained", cwd=tmp_path)
     assert "valid ppl" in evaluated.stdout
     results = json.loads((tmp_path / "out/tiny-t2r-pretrained/results.json").read_text())
     assert results["attn"] == "t2r+pretrain" and results["k"] == 8
