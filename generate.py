@@ -15,6 +15,7 @@ SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their stat
 values of their attention layers.
 """
 
+import copy
 import time
 
 import torch
@@ -183,10 +184,18 @@ class CapturedStep:
 
 
 def compile_step(model):
-    """torch.compile the layers and the output head of model.step (the first steps compile; it pays off over long
-    generations). The embedding and the position counter stay outside, so a new position does not recompile."""
-    model.step_layers = torch.compile(model.step_layers)
-    return model
+    """A shallow copy of model whose step runs its layers and output head through torch.compile (the first steps
+    compile; it pays off over long generations); the caller's model is left as it is. The embedding and the position
+    counter stay outside, so a new position does not recompile."""
+    compiled = copy.copy(model)
+    compiled.step_layers = torch.compile(compiled.step_layers)
+    return compiled
+
+
+def inference_model(model):
+    """The model in eval mode, its T2R layers folded (Eq. 8: the feature map merges into W_q and W_k; the outputs are
+    the same). A model without T2R layers is not copied."""
+    return fold(model) if any(isinstance(m, T2RFeatureMap) for m in model.modules()) else model.eval()
 
 
 def make_decoder(model, args, device, length: int):
@@ -198,9 +207,7 @@ def make_decoder(model, args, device, length: int):
         return model
     if args.compile:
         return compile_step(model)
-    if args.step == "eager" or device.type != "cuda":
-        if args.step == "graph":
-            raise UserError("--step graph: CUDA graphs need the model on a CUDA device")
+    if args.step == "eager":
         return model
     try:
         return CapturedStep(model, length)
@@ -241,8 +248,7 @@ def load_model(args, device):
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
-    if not args.no_fold and any(isinstance(m, T2RFeatureMap) for m in model.modules()):
-        model = fold(model)
+    model = model if args.no_fold else inference_model(model)
     lm = load_tokenizer(checkpoint)
     if lm.vocab_size != model.config.vocab_size:
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "

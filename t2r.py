@@ -253,25 +253,21 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
     # The recurrent form projects one position with W_q, W_k, W_v stacked head by head: one product gives [q | k | v]
-    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). Stacked anew by
-    # init_state, and again at a step whenever a weight has changed (its identity, storage, version or dtype).
-    def stack_projections(self, append_one: bool, again: bool = False) -> tuple:
-        parts = [self.q_proj, self.k_proj, self.v_proj]
-        key = [(id(t), t.data_ptr(), t._version, t.dtype) for p in parts for t in (p.weight, p.bias)] + [append_one]
-        if again or getattr(self, "stacked_key", None) != key:
-            H, h = self.n_head, self.q_proj.in_features
-            weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
-            biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
-            if append_one:
-                weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
-            self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
-            self.stacked_key = key
-        return self.stacked
+    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). init_state stacks
+    # the weights as they are for each new sequence; a step restacks only projections replaced since (by fold).
+    def stack_projections(self, append_one: bool):
+        H, h, parts = self.n_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
+        weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
+        biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
+        if append_one:
+            weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
+        self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
+        self.stacked_from = parts
 
     def project_step(self, x, append_one: bool):  # (B, h) -> [q | k | v (| 1)] per head, (B, H, 2 w + d (+ 1))
-        # torch.compile cannot trace the check: a compiled step uses the weights as init_state stacked them
-        stacked = self.stacked if torch.compiler.is_compiling() else self.stack_projections(append_one)
-        return F.linear(x, *stacked).view(x.shape[0], self.n_head, -1)
+        if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
+            self.stack_projections(append_one)
+        return F.linear(x, *self.stacked).view(x.shape[0], self.n_head, -1)
 
     def merge_step(self, out):  # (B, H, d) -> (B, h)
         return self.out_proj(out.flatten(1))
@@ -306,7 +302,7 @@ class SoftmaxAttention(Attention):
 
     # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=False, again=True)
+        self.stack_projections(append_one=False)
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
@@ -354,7 +350,7 @@ class LinearAttention(Attention):
 
     # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=True, again=True)
+        self.stack_projections(append_one=True)
         return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
                                   dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
 

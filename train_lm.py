@@ -28,7 +28,7 @@ from support import data, hf
 from support.configs import KEEP_SOFTMAX_FROM, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
-                         processes, resolve_run_flags, run)
+                         new_model, processes, resolve_run_flags, run)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
@@ -312,14 +312,6 @@ def load_lm_teacher(args, task):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
                         f"since, or it is another corpus of the same size): pretrain on this --dataset")
     return model_from_checkpoint(checkpoint, args.pretrained)
-
-
-def new_model(make, config_of, args, vocab_size: int):
-    """make(config_of(args, vocab_size)), with a one-line error for a config that cannot be."""
-    try:
-        return make(config_of(args, vocab_size))
-    except ValueError as error:  # e.g. --d_model not divisible by --n_head
-        raise UserError(f"bad model flags: {error}") from None
 
 
 def data_identity(lm) -> dict:

@@ -20,17 +20,18 @@ import os
 import torch
 import torch.nn.functional as F
 
+from generate import inference_model
 from support import mt_data
 from support.configs import feature_sizes
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
-                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, processes,
-                         resolve_run_flags, run)
+                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, new_model,
+                         processes, resolve_run_flags, run)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
 from support.training import Task, get_lr_inverse_sqrt
 from t2r import Config, Seq2SeqTransformer, convert
-from translate import add_decoding_flags, evaluate_bleu, inference_model
+from translate import add_decoding_flags, evaluate_bleu
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
 # and the number of updates (30K -> 20K), with the same inverse square-root warmup.
@@ -209,14 +210,11 @@ def make_model(task, checkpoint: dict | None):
     if args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
         teacher = for_finetuning(model_from_checkpoint(task.teacher, args.pretrained), args)
         del task.teacher  # the checkpoint's tensors: not kept through the training
-        model = teacher if args.attn == "softmax" else convert(teacher, args.attn, args.feature_size, window=args.window,
-                                                                cross_feature_size=args.cross_feature_size)
+        model = teacher if args.attn == "softmax" else convert(
+            teacher, args.attn, args.feature_size, window=args.window, cross_feature_size=args.cross_feature_size)
         announce_conversion(model, args)
         return model
-    try:  # a translator from random initialisation
-        return Seq2SeqTransformer(model_config(args, task.tokenizer.get_vocab_size()))
-    except ValueError as error:  # a Config that cannot be, e.g. --d_model not divisible by --n_head
-        raise UserError(f"bad model flags: {error}") from None
+    return new_model(Seq2SeqTransformer, model_config, args, task.tokenizer.get_vocab_size())  # random initialisation
 
 
 def load_translator_teacher(args):

@@ -10,7 +10,6 @@ folded first (Eq. 8). train_mt.py uses the same functions for its BLEU scores.
 """
 
 import contextlib
-import copy
 import json
 import os
 import sys
@@ -21,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from generate import compile_step, inference_model
 from support import mt_data
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
                              load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
-from t2r import fold
 
 
 # -----------------------------------------------------------------------------
@@ -172,10 +171,7 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size, compile (train_mt.py's
     --compile, which compiles training too)."""
     decoding_kernels()
-    decoder = model.eval()
-    if args.compile:  # the step's layers through torch.compile, on a shallow copy: the caller's model is left as it is
-        decoder = copy.copy(model)
-        decoder.step_layers = torch.compile(decoder.step_layers)
+    decoder = compile_step(model.eval()) if args.compile else model.eval()
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
@@ -301,15 +297,6 @@ def evaluate_bleu(model, tokenizer, corpus: dict, args, device, splits=("valid",
 
 # -----------------------------------------------------------------------------
 # Loading a finished translator, and the command line
-
-def has_t2r(model) -> bool:
-    return "t2r" in set(model.config.layer_kinds()) | {model.config.cross_attn}
-
-
-def inference_model(model):
-    """T2R is folded for decoding (Eq. 8): the feature map merges into W_q and W_k; the outputs are the same."""
-    return fold(model) if has_t2r(model) else model.eval()
-
 
 def load_translator(path: str):
     """model.pt of a finished train_mt.py run: the model, its tokenizer and the checkpoint."""

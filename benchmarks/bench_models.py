@@ -8,7 +8,7 @@ import torch.nn as nn
 
 from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
-from generate import CapturedStep
+from generate import CapturedStep, compile_step
 from sru import SRUConfig, SRUppLM
 from support.runtime import load_checkpoint
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
@@ -110,7 +110,7 @@ def build_lm(name: str, args):
     if name == "softmax_recompute":
         return model, "recompute"
     if name.endswith("_compiled"):
-        model.step_layers = torch.compile(model.step_layers)
+        model = compile_step(model)
     return (CapturedStep(model, max(args.lengths) + 16) if name.endswith("_graph") else model), "step"
 
 

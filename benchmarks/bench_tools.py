@@ -44,7 +44,7 @@ class ProjectionsOnly(nn.Module):
         self.attn = attn
 
     def init_state(self, batch_size, device, dtype):
-        self.attn.stack_projections(append_one=True, again=True)
+        self.attn.stack_projections(append_one=True)
         return {}
 
     def step(self, x, state):

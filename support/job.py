@@ -202,6 +202,15 @@ def run(args, ddp, task_class, make_model) -> dict:
     return results
 
 
+def new_model(make, config_of, args, vocab_size: int):
+    """make(config_of(args, vocab_size)): a model from random initialisation, with a one-line error for flags whose
+    Config cannot be (e.g. --d_model not divisible by --n_head)."""
+    try:
+        return make(config_of(args, vocab_size))
+    except ValueError as error:
+        raise UserError(f"bad model flags: {error}") from None
+
+
 def needs_teacher(args) -> bool:
     """--init pretrained without --pretrained and without a finished default teacher: it is trained first."""
     return (args.init == "pretrained" and not (args.resume or args.eval_only) and "pretrained" not in args.explicit

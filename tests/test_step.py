@@ -75,18 +75,29 @@ def test_the_step_of_a_translator_equals_the_parallel_form(kind):
 
 
 @pytest.mark.parametrize("attn", ["t2r", "softmax"])
-def test_weights_changed_after_init_state_are_the_ones_stepped(attn):
-    """The step stacks W_q, W_k, W_v for one product: a change of weights (as an optimizer step or load_state_dict
-    makes, in place) after init_state is seen at the next step, not an old stack."""
+def test_each_sequence_steps_with_the_weights_of_its_init_state(attn):
+    """The step stacks W_q, W_k, W_v for one product at init_state: weights loaded between two sequences are the
+    second one's."""
     model, other = tiny_lm(attn), tiny_lm(attn)
     with torch.no_grad():
         for p in other.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     tokens = torch.randint(0, 60, (2, 10))
-    state = model.init_state(2)
+    step_against(parallel(model, tokens), model, tokens)
     model.load_state_dict(other.state_dict())
-    diff, _ = step_against(parallel(other, tokens), model, tokens, state)
-    assert report(f"{attn}: step after load_state_dict - parallel form of the new weights", diff) < 1e-9
+    diff, _ = step_against(parallel(other, tokens), model, tokens)
+    assert report(f"{attn}: second sequence after load_state_dict - parallel form of the new weights", diff) < 1e-9
+
+
+def test_a_model_folded_mid_sequence_steps_on_with_its_new_projections():
+    """fold replaces W_q and W_k (Eq. 8) and keeps the outputs, so a state carries over; the folded copy's first step
+    restacks its projections instead of using the ones stacked before."""
+    model, tokens = tiny_lm(), torch.randint(0, 60, (2, 12))
+    reference = parallel(model, tokens)
+    state = model.init_state(2)
+    first, state = step_against(reference[:, :6], model, tokens[:, :6], state)
+    then, _ = step_against(reference[:, 6:], fold(model), tokens[:, 6:], state)
+    assert report("unfolded then folded steps - parallel form", max(first, then)) < 1e-9
 
 
 def test_a_position_tensor_gives_the_same_logits():

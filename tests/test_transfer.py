@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import after_t2r
+import generate
 import t2r
 import train_lm
 import train_mt
@@ -173,7 +174,7 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     out = run("translate.py", "--ckpt", "mt-window/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
     model, tokenizer, _ = translate.load_translator(str(tmp / "mt-window/model.pt"))
     args = translate.get_args(["--beam", "3"])  # the script's decoding flags, its defaults
-    same = translate.translate_sentences(translate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
+    same = translate.translate_sentences(generate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
                                          torch.device("cpu"))
     assert out.stdout.splitlines() == same  # the script's beam search on window states is the function's
 
