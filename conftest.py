@@ -5,10 +5,14 @@ names they use.
 CPU only, tiny sizes, no downloads.
 """
 
+import contextlib
+import fcntl
 import io
+import json
 import os
 import random
 import runpy
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -53,24 +57,31 @@ def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     return result
 
 
-@pytest.fixture
-def run_here(monkeypatch, capsys):
-    """run() in this process: `python <script> <args>` as runpy runs it, with the same (returncode, stdout, stderr).
-    For refusals that come before any work, where a subprocess would spend its seconds importing torch."""
-    def run_script(script, *args, cwd, stdin=""):
-        monkeypatch.chdir(cwd)
-        monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        capsys.readouterr()
+def run_in_process(script, *args, cwd, stdin=""):
+    """run() in this process: `python <script> <args>` as runpy runs it, on one thread as run() gives a script, with
+    the same (returncode, stdout, stderr); stdin is text or bytes. No torch import each: a second saved a run."""
+    out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        patch.chdir(cwd)
+        patch.setattr(sys, "argv", [script, *map(str, args)])
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+        torch.set_num_threads(1)
         try:
             path = script if script.endswith(".py") else script.replace(".", os.sep) + ".py"  # a module's file
             runpy.run_path(os.path.join(ROOT, path), run_name="__main__")
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else int(done.code is not None)
-        out, err = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
-    return run_script
+        finally:
+            torch.set_num_threads(threads)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+
+
+@pytest.fixture
+def run_here():
+    """run_in_process, as a fixture: for refusals that come before any work and for runs compared in process."""
+    return run_in_process
 
 
 def run_two_processes(script, *args, cwd):
@@ -184,14 +195,34 @@ def tiny_translator(kind, seed=0, dtype=torch.float64, window=0):
     return model.to(dtype).eval()
 
 
+def built_once(tmp_path_factory, name, build) -> tuple:
+    """The folder `name`, filled by build(folder) once for the whole session: under pytest-xdist the workers share
+    the base temporary folder, the first to take the lock builds and the others wait for it. Tests only read it.
+    Returns (folder, what build returned, kept as JSON)."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder, record = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not record.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            record.write_text(json.dumps(build(folder)))
+    return folder, json.loads(record.read_text())
+
+
 @pytest.fixture(scope="session")
 def trained_translator(tmp_path_factory):
-    """The main job on a toy corpus: train the softmax translator, convert, finetune, BLEU (under a minute).
-    Returns (folder, corpus, the run's stdout)."""
-    tmp = tmp_path_factory.mktemp("mt")
-    corpus = write_parallel(str(tmp / "toy"))
-    out = run("train_mt.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "10", *MT_TINY, cwd=tmp)
-    return tmp, corpus, out
+    """The main job on a toy corpus: train the softmax translator, convert, finetune, BLEU (under a minute), once
+    for all workers. Returns (folder, corpus, the run's output); tests write their own runs elsewhere."""
+    def build(tmp):
+        corpus = write_parallel(str(tmp / "toy"))
+        out = run_in_process("train_mt.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "10",
+                             *MT_TINY, cwd=tmp)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return corpus, out.stdout
+    tmp, (corpus, stdout) = built_once(tmp_path_factory, "mt", build)
+    return tmp, corpus, SimpleNamespace(stdout=stdout)
 
 
 # -----------------------------------------------------------------------------

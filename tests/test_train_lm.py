@@ -19,11 +19,11 @@ import torch
 import generate
 import t2r
 import train_lm
-from support import runtime, training
+from support import data, runtime, training
 from t2r import Config, TransformerLM, fold
 
-from conftest import (ROOT, TINY, assert_check_passes, assert_flags_refused, assert_one_line_error, run,
-                      run_two_processes, write_corpus)
+from conftest import (ROOT, TINY, assert_check_passes, assert_flags_refused, assert_one_line_error, report, run,
+                      run_in_process, run_two_processes, write_corpus)
 
 
 def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
@@ -98,10 +98,44 @@ def test_more_processes_than_gpus_is_refused_before_joining(monkeypatch):
         runtime.setup_distributed()  # raised before init_process_group, which would wait for the other process
 
 
-def test_ddp_gloo_two_processes(tmp_path, corpus):
-    run_two_processes("train_lm.py", "--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *TINY, cwd=tmp_path)
-    checkpoint = torch.load(tmp_path / "out/tiny-t2r-random/ckpt.pt", weights_only=True)
-    assert checkpoint["step"] == 4 and len(checkpoint["rng"]) == 2  # each process's batch stream is saved
+DDP_FLAGS = ["--attn", "t2r", "--max_steps", "4", *TINY, "--dropout", "0"]
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """A finished run of two processes on CPU (gloo), as torchrun starts them."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    corpus = write_corpus(str(tmp / "tiny"))
+    run_two_processes("train_lm.py", "--dataset", corpus, *DDP_FLAGS, "--out_dir", "ddp", cwd=tmp)
+    return tmp, corpus
+
+
+def test_ddp_gloo_two_processes_train_as_one_process_accumulating_their_batches(ddp_run, monkeypatch):
+    """Process r draws its batches from its own generator (seed + r) and the two average their gradients. One
+    process with --grad_accum 2, its micro-batch m drawn from generator seed + m (as process m would), averages the
+    same two gradients: the weights agree up to the order of float32 sums."""
+    tmp, corpus = ddp_run
+    generators = [torch.Generator().manual_seed(1337 + rank) for rank in range(2)]  # --seed 1337, the default
+    draws = []
+
+    def as_two_processes(ids, batch_size, block_size, generator):
+        draws.append(1)
+        return get_batch(ids, batch_size, block_size, generators[(len(draws) - 1) % 2])
+    get_batch = data.get_batch
+    monkeypatch.setattr(data, "get_batch", as_two_processes)
+    one = run_in_process("train_lm.py", "--dataset", corpus, *DDP_FLAGS, "--grad_accum", "2", "--out_dir", "one",
+                         cwd=tmp)
+    assert one.returncode == 0, one.stderr
+    ddp, one = (torch.load(tmp / f"{name}/ckpt.pt", weights_only=True) for name in ("ddp", "one"))
+    assert ddp["step"] == one["step"] == 4 and len(ddp["rng"]) == 2 and len(draws) == 8  # each process's stream saved
+    diff = max((ddp["model"][k] - one["model"][k]).abs().max().item() for k in one["model"])
+    assert report("two processes vs one accumulating, weights after 4 steps", diff) < 1e-5
+
+
+def test_a_changed_process_count_on_resume_is_refused(run_here, ddp_run):
+    tmp, _ = ddp_run
+    assert_one_line_error(run_here("train_lm.py", "--resume", "--out_dir", "ddp", cwd=tmp),
+                          "was trained by 2 process(es), this run has 1")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +144,8 @@ def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lm")
     corpus = write_corpus(str(tmp / "tiny"))
     for attn in ("softmax", "t2r"):
-        run("train_lm.py", "--dataset", corpus, "--attn", attn, "--max_steps", "2", *TINY, cwd=tmp)
+        result = run_in_process("train_lm.py", "--dataset", corpus, "--attn", attn, "--max_steps", "2", *TINY, cwd=tmp)
+        assert result.returncode == 0, result.stderr
     return tmp, corpus
 
 
@@ -153,8 +188,8 @@ def test_train_lm_refuses(trained, tmp_path, monkeypatch, name, flags, message):
     print(error.value)
 
 
-def test_a_missing_dataset_is_a_one_line_error(tmp_path):
-    assert_one_line_error(run("train_lm.py", "--dataset", "missing", cwd=tmp_path, check=False), "missing")
+def test_a_missing_dataset_is_a_one_line_error(run_here, tmp_path):
+    assert_one_line_error(run_here("train_lm.py", "--dataset", "missing", cwd=tmp_path), "missing")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -217,7 +252,8 @@ def test_a_tokenizer_whose_data_folder_is_elsewhere_is_a_clear_error(tmp_path, m
 
 def test_an_unfinished_teacher_is_not_resumed_with_other_flags(run_here, tmp_path):
     corpus = write_corpus(str(tmp_path / "tiny"))
-    run("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "10", "--stop_at", "1", cwd=tmp_path)
+    assert run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "10", "--stop_at", "1",
+                    cwd=tmp_path).returncode == 0
     again = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--max_steps", "2",
                      cwd=tmp_path)  # its teacher: another schedule
     assert_one_line_error(again, "out/tiny-softmax-random holds an unfinished softmax teacher trained with --",
@@ -235,9 +271,9 @@ def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
     (["--ckpt", "nope.pt"], "no checkpoint"),
     (["--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "  "], "empty"),
 ])
-def test_generate_refuses(trained, argv, message):
+def test_generate_refuses(run_here, trained, argv, message):
     tmp, _ = trained
-    assert_one_line_error(run("generate.py", *argv, cwd=tmp, check=False), message)
+    assert_one_line_error(run_here("generate.py", *argv, cwd=tmp), message)
 
 
 def test_generate_decodes_a_softmax_model_with_its_kv_cache(run_here, trained):
@@ -339,7 +375,7 @@ def reorder_vocabulary(corpus):
 def run_on_changed_data(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("changed")
     corpus = write_corpus(str(tmp / "tiny"))
-    run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp)
+    assert run_in_process("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp).returncode == 0
     reorder_vocabulary(corpus)
     return tmp
 
@@ -354,30 +390,23 @@ def test_a_run_on_changed_data_is_refused(run_here, run_on_changed_data, script,
     assert_one_line_error(result, "trained on another")
 
 
-def test_a_changed_process_count_on_resume_is_refused(tmp_path, corpus):
-    run("train_lm.py", "--dataset", corpus, *SMALL, "--stop_at", "2", "--out_dir", "r", cwd=tmp_path)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             os.path.join(ROOT, "train_lm.py"), "--resume", "--out_dir", "r"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode != 0 and "was trained by 1 process(es), this run has 2" in result.stderr
-
-
-def test_a_second_trainer_on_the_same_out_dir_is_refused(tmp_path, corpus):
+def test_a_second_trainer_on_the_same_out_dir_is_refused(run_here, tmp_path, corpus):
     first = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_lm.py"), "--dataset", corpus, *TINY,
                               "--max_steps", "100000", "--out_dir", "r"], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         assert "parameters" in next(line for line in first.stdout if line.startswith("parameters"))  # it holds the lock
-        second = run("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp_path, check=False)
+        second = run_here("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp_path)
         assert_one_line_error(second, "another run is using r")
     finally:
         first.kill()
         first.wait()
 
 
-def test_ctrl_c_saves_and_the_resumed_run_is_exact(tmp_path, corpus):
+def test_ctrl_c_saves_and_the_resumed_run_is_exact(run_here, tmp_path, corpus):
+    """The interrupted run is a process of its own (it gets the signal); the others run here, on its one thread."""
     flags = ["--dataset", corpus, *TINY, "--max_steps", "40", "--eval_interval", "40"]
-    run("train_lm.py", *flags, "--out_dir", "straight", cwd=tmp_path)
+    assert run_here("train_lm.py", *flags, "--out_dir", "straight", cwd=tmp_path).returncode == 0
     interrupted = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_lm.py"), *flags, "--out_dir", "split"],
                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -386,13 +415,13 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(tmp_path, corpus):
     _, err = interrupted.communicate(timeout=120)
     print(err.strip())
     assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err
-    run("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
+    assert run_here("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path).returncode == 0
     assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
 
 
-def test_a_loss_that_turns_nan_stops_without_saving(tmp_path, corpus):
-    result = run("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "20", "--lr", "1e30", "--grad_clip", "0",
-                 "--out_dir", "r", cwd=tmp_path, check=False)
+def test_a_loss_that_turns_nan_stops_without_saving(run_here, tmp_path, corpus):
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "20", "--lr", "1e30", "--grad_clip",
+                      "0", "--out_dir", "r", cwd=tmp_path)
     assert_one_line_error(result, "NaN or inf")
     assert not (tmp_path / "r/ckpt.pt").exists()  # no NaN weights were saved (the first save was due at step 4)
 

@@ -17,8 +17,8 @@ import sacrebleu
 import torch
 
 import train_mt as train_mt_module
-from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run, run_two_processes,
-                      tiny_translator, write_parallel)
+from conftest import (MT_TINY, assert_flags_refused, assert_one_line_error, report, run_in_process,
+                      run_two_processes, tiny_translator, write_parallel)
 from support import job, mt_data
 from support.mt_data import BOS_ID, EOS_ID
 from support.runtime import serializable
@@ -187,7 +187,10 @@ def test_checkpoint_averaging_is_the_mean(tmp_path):
 # train_mt.py end to end, as a user runs it
 
 def train_mt(*args, cwd, check=True):
-    return run("train_mt.py", *args, cwd=cwd, check=check)
+    """train_mt.py in this process (no torch import each); raises with its output if it fails and check is set."""
+    result = run_in_process("train_mt.py", *args, cwd=cwd)
+    assert not check or result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
 
 
 def test_the_conversion_job_end_to_end(trained_translator):
@@ -215,9 +218,10 @@ def test_the_translations_scored_are_saved_a_line_each(trained_translator):
     assert round(sacrebleu.corpus_bleu(hyps, [references]).score, 2) == results["test"]["bleu"]  # SacreBLEU itself
 
 
-def test_eval_only_reproduces_the_bleu(trained_translator):
+def test_eval_only_reproduces_the_bleu(trained_translator, tmp_path):
     tmp, _, _ = trained_translator
-    out = train_mt("--eval_only", "--out_dir", "out/mt-toy-en-de-t2r-pretrained", cwd=tmp)
+    shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")  # the shared run stays as it is
+    out = train_mt("--eval_only", "--out_dir", str(tmp_path / "r"), cwd=tmp)
     saved = json.loads((tmp / "out/mt-toy-en-de-t2r-pretrained/results.json").read_text())
     assert f"test: BLEU {saved['test']['bleu']:.2f}" in out.stdout
 
@@ -396,7 +400,7 @@ def test_ddp_gloo_two_processes_train_as_one_process_accumulating_their_batches(
     corpus = write_parallel(str(tmp_path / "toy"), n=(200, 10, 10))
     flags = ["--dataset", corpus, "--attn", "t2r", "--max_steps", "4", *MT_TINY, "--dropout", "0"]
     run_two_processes("train_mt.py", *flags, "--out_dir", "ddp", cwd=tmp_path)
-    run("train_mt.py", *flags, "--grad_accum", "2", "--out_dir", "one", cwd=tmp_path)
+    train_mt(*flags, "--grad_accum", "2", "--out_dir", "one", cwd=tmp_path)
     ddp, one = (torch.load(tmp_path / f"{name}/ckpt.pt", weights_only=True) for name in ("ddp", "one"))
     assert ddp["step"] == one["step"] == 4 and len(ddp["rng"]) == 2
     diff = max((ddp["model"][k] - one["model"][k]).abs().max().item() for k in one["model"])

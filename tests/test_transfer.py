@@ -165,14 +165,16 @@ def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher, run
     assert_check_passes(out.stdout)
 
 
-def test_the_translator_transfers_and_beam_searches_with_a_window(trained_translator):
+def test_the_translator_transfers_and_beam_searches_with_a_window(trained_translator, run_here, tmp_path):
     tmp, corpus, _ = trained_translator
-    run("train_mt.py", "--init", "pretrained", "--dataset", corpus, *MT_TINY, "--max_steps", "4", "--transfer_steps",
-        "3", "--window", "3", "--out_dir", "mt-window", cwd=tmp)
-    results = json.loads((tmp / "mt-window/results.json").read_text())
+    window = str(tmp_path / "mt-window")
+    trained = run_here("train_mt.py", "--init", "pretrained", "--dataset", corpus, *MT_TINY, "--max_steps", "4",
+                       "--transfer_steps", "3", "--window", "3", "--out_dir", window, cwd=tmp)
+    assert trained.returncode == 0, trained.stderr
+    results = json.loads((tmp_path / "mt-window/results.json").read_text())
     assert results["attn"] == "t2r+transfer+window3+pretrain" and "bleu" in results["after_transfer"]["test"]
-    out = run("translate.py", "--ckpt", "mt-window/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
-    model, tokenizer, _ = translate.load_translator(str(tmp / "mt-window/model.pt"))
+    out = run_here("translate.py", "--ckpt", f"{window}/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
+    model, tokenizer, _ = translate.load_translator(f"{window}/model.pt")
     args = translate.get_args(["--beam", "3"])  # the script's decoding flags, its defaults
     same = translate.translate_sentences(generate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
                                          torch.device("cpu"))

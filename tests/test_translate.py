@@ -4,15 +4,12 @@
     python -m pytest -q -s tests/test_translate.py
 """
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import translate
-from conftest import (ROOT, assert_one_line_error, make, mt_config, padded_sources, report, run, step_all,
+from conftest import (assert_one_line_error, make, mt_config, padded_sources, report, run, step_all,
                       tiny_translator)
 from support import mt_data
 from support.mt_data import EOS_ID, PAD_ID
@@ -123,9 +120,9 @@ def test_bleu_detokenized_and_tokenized():
 STUDENT = "out/mt-toy-en-de-t2r-pretrained/model.pt"
 
 
-def test_translate_stdin_keeps_empty_lines(trained_translator):
+def test_translate_stdin_keeps_empty_lines(trained_translator, run_here):
     tmp, _, _ = trained_translator
-    out = run("translate.py", "--ckpt", STUDENT, "--beam", "1", cwd=tmp, stdin="w1 w2 w3\n\n   \nw4\n")
+    out = run_here("translate.py", "--ckpt", STUDENT, "--beam", "1", cwd=tmp, stdin="w1 w2 w3\n\n   \nw4\n")
     lines = out.stdout.split("\n")
     print(lines)
     assert lines[-1] == "" and "device:" in out.stderr
@@ -133,11 +130,11 @@ def test_translate_stdin_keeps_empty_lines(trained_translator):
     assert len(translations) == 4 and translations[1] == translations[2] == ""  # one line per input line
 
 
-def test_translate_file_equals_stdin(trained_translator, tmp_path):
+def test_translate_file_equals_stdin(trained_translator, tmp_path, run_here):
     tmp, _, _ = trained_translator
     (tmp_path / "in.en").write_text("w1 w2 w3\nw5 w6\n")
-    from_file = run("translate.py", str(tmp_path / "in.en"), "--ckpt", STUDENT, cwd=tmp)
-    from_stdin = run("translate.py", "-", "--ckpt", STUDENT, cwd=tmp, stdin="w1 w2 w3\nw5 w6\n")
+    from_file = run_here("translate.py", str(tmp_path / "in.en"), "--ckpt", STUDENT, cwd=tmp)
+    from_stdin = run_here("translate.py", "-", "--ckpt", STUDENT, cwd=tmp, stdin="w1 w2 w3\nw5 w6\n")
     assert from_file.stdout == from_stdin.stdout and len(from_file.stdout.splitlines()) == 2
 
 
@@ -159,12 +156,10 @@ def test_a_folder_with_only_model_pt_translates(trained_translator, tmp_path):
     assert len(out.stdout.splitlines()) == 1
 
 
-def test_latin1_input_is_a_one_line_error(trained_translator):
+def test_latin1_input_is_a_one_line_error(trained_translator, run_here):
     tmp, _, _ = trained_translator
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "--ckpt", STUDENT], cwd=tmp,
-                            input=b"caf\xe9\n", capture_output=True, timeout=300)
-    err = result.stderr.decode()
-    assert result.returncode == 2 and err.startswith("error: stdin is not UTF-8") and len(err.splitlines()) == 1, err
+    result = run_here("translate.py", "--ckpt", STUDENT, cwd=tmp, stdin=b"caf\xe9\n")
+    assert_one_line_error(result, "stdin is not UTF-8")
 
 
 @pytest.mark.parametrize("kind", KINDS)
