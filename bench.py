@@ -46,11 +46,11 @@ PAIRS = (("t2r32", "proj_only"), ("t2r32_compiled", "proj_only_compiled"))  # se
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, pair_rounds=21, pair_steps=128,
-            out_dir="results/bench")
+            vocab_size=10_000, out_dir="results/bench")
 FULL_CUDA = dict(batch_sizes="1,16,256", train_lengths="1024,2048,4096,8192,16384")  # FULL's changes on a GPU
 QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
              memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, pair_rounds=3, pair_steps=4,
-             out_dir="out/bench-quick")
+             vocab_size=1000, out_dir="out/bench-quick")
 
 
 def int_list(text: str) -> list:
@@ -106,6 +106,8 @@ def make_parser() -> Parser:
     p.add_argument("--repeats", type=int, default=None, help="timed training iterations, median taken (3)")
     p.add_argument("--gen_repeats", type=int, default=1,
                    help="timed generation runs; per-step times are the elementwise median")
+    p.add_argument("--vocab_size", type=int, default=None, help="the random LM's vocabulary "
+                   f"({FULL['vocab_size']}; its output layer is a large share of a step's time; --ckpt brings its own)")
     p.add_argument("--ckpt", default="", help="optional train_lm.py checkpoint: its LM shapes and the weights that fit")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=seed, default=1337, help="torch.manual_seed of the random weights and tokens")
@@ -139,6 +141,8 @@ def get_args(argv=None):
     for name in args.models:
         if name not in GEN_MODELS:
             p.error(f"unknown model {name!r} in --models: choose among {', '.join(GEN_MODELS)}")
+    if args.vocab_size < 2:
+        p.error("--vocab_size must be at least 2")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     if "t2r32_graph" in args.models and not cuda:

@@ -64,8 +64,8 @@ GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the 
 # Builders
 
 def lm_config(args, **overrides) -> Config:
-    """The default small LM (4 layers, d=256, 4 heads), or the shapes of --ckpt."""
-    base = dict(vocab_size=10_000, n_layer=4, n_head=4, d_model=256, d_ff=1024, dropout=0.0)
+    """The default small LM (4 layers, d=256, 4 heads, --vocab_size), or the shapes of --ckpt."""
+    base = dict(vocab_size=args.vocab_size, n_layer=4, n_head=4, d_model=256, d_ff=1024, dropout=0.0)
     if args.ckpt_config:
         base.update({k: args.ckpt_config[k] for k in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff",
                                                       "pre_norm", "tie_embeddings") if k in args.ckpt_config})

@@ -1,6 +1,6 @@
 """Tests of the paper-scale options of t2r.py at tiny sizes: the post-norm translator (appendix Table 5) and the
 adaptive input and softmax of the WikiText-103 model (section 3.2.1), the latter against torch's own
-AdaptiveLogSoftmaxWithLoss loaded with the same weights.
+AdaptiveLogSoftmaxWithLoss loaded with the same weights; the --preset wt103 model's shapes, on the meta device.
 
     python -m pytest -q -s tests/test_paper_models.py
 """
@@ -10,7 +10,7 @@ import torch
 
 import t2r
 from conftest import (TINY, assert_check_passes, assert_flags_refused, lm_config, make, mt_config, padded_sources,
-                      report, run, step_all, write_corpus)
+                      report, step_all, write_corpus)
 from t2r import Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -106,16 +106,36 @@ def test_bad_adaptive_configs_are_refused(overrides, message):
         lm_config("softmax", **overrides)
 
 
-def test_train_lm_with_adaptive_softmax_trains_and_generates(tmp_path):
+def test_train_lm_with_adaptive_softmax_trains_and_generates(run_here, tmp_path):
     """--adaptive_cutoffs end to end on the tiny corpus (its ids are in order of frequency), then generate.py's
     recurrent form checked against the parallel one."""
     corpus = write_corpus(str(tmp_path / "tiny"))
-    run("train_lm.py", "--dataset", corpus, *TINY, "--adaptive_cutoffs", "8,20", "--adaptive_factor", "2",
-        "--max_steps", "4", "--out_dir", "adaptive", cwd=tmp_path)
+    trained = run_here("train_lm.py", "--dataset", corpus, *TINY, "--adaptive_cutoffs", "8,20", "--adaptive_factor",
+                       "2", "--max_steps", "4", "--out_dir", "adaptive", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
     checkpoint = torch.load(tmp_path / "adaptive/model.pt", weights_only=True)
     assert checkpoint["config"]["adaptive_cutoffs"] == [8, 20] and "lm_head.band_entries.weight" in checkpoint["model"]
-    gen = run("generate.py", "--ckpt", "adaptive/model.pt", "--num_tokens", "20", "--check", cwd=tmp_path)
+    gen = run_here("generate.py", "--ckpt", "adaptive/model.pt", "--num_tokens", "20", "--check", cwd=tmp_path)
     assert_check_passes(gen.stdout)
+
+
+@pytest.mark.parametrize("keep_softmax_every, converted", [(0, 32), (4, 24)])  # T2R, and T2R 75%
+def test_the_wt103_preset_is_the_papers_model_and_t2r_adds_r_k_d_plus_1_a_layer(keep_softmax_every, converted):
+    """--preset wt103 (section 3.2.1): 32 layers, 8 heads of 128 dimensions, 1024 model and 4096 feed-forward
+    dimensions, dropout and LayerDrop 0.2. Converting it (k = 32) adds r k (d + 1) parameters to each converted
+    layer (section 2.2), r heads of d dimensions, and nothing else. Built on the meta device: shapes, no memory."""
+    import train_lm
+    args = train_lm.get_args(["--preset", "wt103", "--dataset", "wikitext103", "--attn", "softmax"])
+    with torch.device("meta"):
+        teacher = TransformerLM(train_lm.model_config(args, vocab_size=267_744))  # WikiText-103's ~268K words
+        student = t2r.convert(teacher, "t2r", feature_size=32, keep_softmax_every=keep_softmax_every)
+    c = teacher.config
+    assert (c.n_layer, c.n_head, c.d_model // c.n_head, c.d_model, c.d_ff) == (32, 8, 128, 1024, 4096)
+    assert (c.dropout, c.layer_dropout, args.block_size) == (0.2, 0.2, 512)
+    count = lambda model: sum(p.numel() for p in model.parameters())
+    added = count(student) - count(teacher)
+    print(f"teacher {count(teacher):,} parameters; T2R adds {added:,} ({100 * added / count(teacher):.2f}%)")
+    assert added == converted * 8 * 32 * (128 + 1)
 
 
 def test_layerdrop_skips_every_layer_at_probability_one_in_training_only():
