@@ -251,6 +251,16 @@ def make(model_class, config, dtype=torch.float64, seed=0):
     return model.to(dtype).eval()
 
 
+def translator_batch(kind, seed, target_length, dtype=torch.float64, **overrides):
+    """A tiny translator (make, mt_config(kind, **overrides)) and a batch for it from a generator seeded `seed`:
+    padded sources of 7, 4 and 1 tokens, targets of target_length tokens."""
+    from t2r import Seq2SeqTransformer
+    model = make(Seq2SeqTransformer, mt_config(kind, **overrides), dtype)
+    g = torch.Generator().manual_seed(seed)
+    src = padded_sources(g)
+    return model, src, torch.randint(1, 37, (3, target_length), generator=g)
+
+
 def step_all(model, state, tokens):
     """Run the recurrent form over tokens (B, T), one position at a time: logits (B, T, V)."""
     return torch.stack([model.step(tokens[:, t], state)[0] for t in range(tokens.shape[1])], dim=1)

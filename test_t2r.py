@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from conftest import lm_config, make, mt_config, padded_sources, report, step_all
+from conftest import lm_config, make, mt_config, padded_sources, report, step_all, translator_batch
 from experiments import analyze_attention
 from support import runtime
 from support.configs import converted_kinds
@@ -37,10 +37,7 @@ def test_lm_recurrent_equals_parallel(kind, dtype):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("kind", KINDS)
 def test_seq2seq_recurrent_equals_parallel_with_padded_sources(kind, dtype):
-    model = make(Seq2SeqTransformer, mt_config(kind), dtype)
-    g = torch.Generator().manual_seed(2)
-    src = padded_sources(g)
-    tgt = torch.randint(1, 37, (3, 9), generator=g)
+    model, src, tgt = translator_batch(kind, seed=2, target_length=9, dtype=dtype)
     with torch.no_grad():
         parallel = model(src, tgt)
     recurrent = step_all(model, model.init_state(src), tgt)
@@ -50,10 +47,7 @@ def test_seq2seq_recurrent_equals_parallel_with_padded_sources(kind, dtype):
 @pytest.mark.parametrize("kind", KINDS)
 def test_seq2seq_padding_changes_nothing(kind):
     """A sentence in a padded batch gets the logits it gets alone."""
-    model = make(Seq2SeqTransformer, mt_config(kind))
-    g = torch.Generator().manual_seed(3)
-    src = padded_sources(g)
-    tgt = torch.randint(1, 37, (3, 5), generator=g)
+    model, src, tgt = translator_batch(kind, seed=3, target_length=5)
     with torch.no_grad():
         batched = model(src, tgt)
         worst = 0.0

@@ -206,29 +206,29 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     assert len(tried) <= 2 * limit.bit_length() + 8
 
 
-@pytest.mark.parametrize("argv, fragment", [
-    (["--bogus"], "unrecognized arguments: --bogus"),
-    (["--only", "nope"], "unknown section 'nope' in --only"),
-    (["--lengths", "1,x"], "expected comma-separated integers, got '1,x'"),
-    (["--lengths", "0"], "expected positive integers, got '0'"),
-    (["--models", "gpt"], "unknown model 'gpt' in --models"),
-    (["--repeats", "0"], "--repeats must be at least 1"),
-    (["--pair_rounds", "0"], "--pair_rounds must be at least 1"),
-    (["--mt_passes", "0"], "--mt_passes must be at least 1"),
-    (["--ckpt", "missing.pt"], "no checkpoint at missing.pt"),
-    (["--mt_runs", "no/such/run"], "--mt_runs no/such/run: no model.pt and args.json there"),
-    (["--models", "t2r32_graph", "--device", "cpu"], "CUDA graphs need a CUDA device"),
-    (["--only", "capacity", "--device", "cpu"], "found on a CUDA device"),
-    (["--capacity_length", "0"], "--capacity_length must be at least 1"),
-    (["--vocab_size", "1"], "--vocab_size must be at least 2"),
-    (["--dtype", "float16"], "invalid choice: 'float16'"),
-    (["--threads", "-1"], "--threads: -1 is not an integer >= 0"),
-    (["--seed", str(2**64)], "is not a seed from 0 to 2**63 - 1"),
-    (["--only", "mt"], "--only mt decodes the translators of --mt_runs"),
-    (["--only", "gen", "--models", "t2r32-4"], "no model that --only gen measures"),
+@pytest.mark.parametrize("flags, fragment", [
+    ("--bogus", "unrecognized arguments: --bogus"),
+    ("--only nope", "unknown section 'nope' in --only"),
+    ("--lengths 1,x", "expected comma-separated integers, got '1,x'"),
+    ("--lengths 0", "expected positive integers, got '0'"),
+    ("--models gpt", "unknown model 'gpt' in --models"),
+    ("--repeats 0", "--repeats must be at least 1"),
+    ("--pair_rounds 0", "--pair_rounds must be at least 1"),
+    ("--mt_passes 0", "--mt_passes must be at least 1"),
+    ("--ckpt missing.pt", "no checkpoint at missing.pt"),
+    ("--mt_runs no/such/run", "--mt_runs no/such/run: no model.pt and args.json there"),
+    ("--models t2r32_graph --device cpu", "CUDA graphs need a CUDA device"),
+    ("--only capacity --device cpu", "found on a CUDA device"),
+    ("--capacity_length 0", "--capacity_length must be at least 1"),
+    ("--vocab_size 1", "--vocab_size must be at least 2"),
+    ("--dtype float16", "invalid choice: 'float16'"),
+    ("--threads -1", "--threads: -1 is not an integer >= 0"),
+    ("--seed 18446744073709551616", "is not a seed from 0 to 2**63 - 1"),
+    ("--only mt", "--only mt decodes the translators of --mt_runs"),
+    ("--only gen --models t2r32-4", "no model that --only gen measures"),
 ])
-def test_bad_input_is_a_one_line_error(run_here, argv, fragment, tmp_path):
-    assert_one_line_error(run_here("bench.py", *argv, "--out_dir", tmp_path, cwd=tmp_path), fragment)
+def test_bad_input_is_a_one_line_error(run_here, flags, fragment, tmp_path):
+    assert_one_line_error(run_here("bench.py", *flags.split(), "--out_dir", tmp_path, cwd=tmp_path), fragment)
     assert not any(tmp_path.iterdir())  # nothing written
 
 

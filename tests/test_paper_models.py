@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import t2r
-from conftest import (TINY, assert_check_passes, assert_flags_refused, lm_config, make, mt_config, padded_sources,
-                      report, step_all, write_corpus)
-from t2r import Seq2SeqTransformer, TransformerLM
+from conftest import (TINY, assert_check_passes, assert_flags_refused, lm_config, make, report, step_all,
+                      translator_batch, write_corpus)
+from t2r import TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 ADAPTIVE = dict(vocab_size=37, adaptive_cutoffs=[8, 20], adaptive_factor=2)  # bands of 8, 12 and 17 words
@@ -20,9 +20,7 @@ ADAPTIVE = dict(vocab_size=37, adaptive_cutoffs=[8, 20], adaptive_factor=2)  # b
 @pytest.mark.parametrize("kind", KINDS)
 def test_post_norm_translator_recurrent_equals_parallel(kind):
     """The paper's translator is post-norm (fairseq's transformer_vaswani_en_de_big): the RNN form must hold there too."""
-    model = make(Seq2SeqTransformer, mt_config(kind, pre_norm=False))
-    g = torch.Generator().manual_seed(3)
-    src, tgt = padded_sources(g), torch.randint(1, 37, (3, 9), generator=g)
+    model, src, tgt = translator_batch(kind, seed=3, target_length=9, pre_norm=False)
     with torch.no_grad():
         parallel = model(src, tgt)
     recurrent = step_all(model, model.init_state(src), tgt)

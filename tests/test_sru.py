@@ -13,7 +13,7 @@ import torch
 
 import sru
 import train_lm
-from conftest import assert_check_passes, assert_flags_refused, assert_one_line_error, report, run, write_corpus
+from conftest import assert_check_passes, assert_one_line_error, report, run, write_corpus
 from sru import SRUConfig, SRUppLM, SRUppLayer
 
 T = 7
@@ -197,16 +197,3 @@ def test_an_sru_checkpoint_is_not_converted(run_here, tmp_path, corpus):
     result = run_here("train_lm.py", "--dataset", corpus, "--init", "pretrained", "--pretrained", "sru.pt",
                       cwd=tmp_path)
     assert_one_line_error(result, "is an SRU++ model")
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--arch", "sru++", "--init", "pretrained"], "trains from scratch"),
-    (["--arch", "sru++", "--attn_every", "5"], "--attn_every 5 is larger than the 4 layers"),
-    (["--arch", "sru++", "--n_layer", "2", "--attn_every", "3"], "larger than the 2 layers"),
-    (["--arch", "sru++", "--window", "8"], "--window is a transformer flag"),
-    (["--arch", "sru++", "--n_head", "2"], "--n_head is a transformer flag"),
-    (["--attn_every", "2"], "--attn_every is an SRU++ flag: add --arch sru++"),
-    (["--arch", "rnn"], "invalid choice: 'rnn'"),
-])
-def test_bad_sru_flags_are_refused_before_any_work(capsys, argv, message):
-    assert_flags_refused(train_lm.get_args, argv, message, capsys)

@@ -10,8 +10,7 @@ import time
 import pytest
 import torch
 
-import generate
-from conftest import ROOT, assert_flags_refused, report, tiny_translator
+from conftest import ROOT, report, tiny_translator
 from generate import CapturedStep
 from support.runtime import decoding_kernels
 from t2r import Config, TransformerLM, fold, state_bytes
@@ -189,14 +188,6 @@ def test_the_step_refuses_a_model_in_training_mode():
 def test_cuda_graphs_refuse_a_cpu_model():
     with pytest.raises(ValueError, match="CUDA device"):
         CapturedStep(tiny_lm(fold_it=True), 16)
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--step", "graph", "--compile"], "--compile compiles the eager step"),
-    (["--mode", "recompute", "--step", "eager"], "they need --mode recurrent"),
-])
-def test_generate_step_flags_are_refused_before_any_work(capsys, argv, message):
-    assert_flags_refused(generate.get_args, argv, message, capsys)
 
 
 # -----------------------------------------------------------------------------

@@ -22,8 +22,8 @@ import train_lm
 from support import data, runtime, training
 from t2r import Config, TransformerLM, fold
 
-from conftest import (ROOT, TINY, assert_check_passes, assert_flags_refused, assert_one_line_error, report, run,
-                      run_in_process, run_two_processes, write_corpus)
+from conftest import (ROOT, TINY, assert_check_passes, assert_one_line_error, report, run, run_in_process,
+                      run_two_processes, write_corpus)
 
 
 def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
@@ -192,43 +192,11 @@ def test_a_missing_dataset_is_a_one_line_error(run_here, tmp_path):
     assert_one_line_error(run_here("train_lm.py", "--dataset", "missing", cwd=tmp_path), "missing")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
-    (["--max_steps", "many"], "--max_steps: 'many' is not a number"),
-    (["--eval_score", "600"], "--eval_score must be between 1 and --eval_context"),
-    (["--n_layer", "0"], "--n_layer: 0 is not a positive integer"),
-    (["--n_head", "-1"], "--n_head: -1 is not a positive integer"),
-    (["--lr", "inf"], "--lr: inf is not a positive finite number"),
-    (["--lr", "nan"], "--lr: nan is not a positive finite number"),
-    (["--min_lr_ratio", "-5"], "--min_lr_ratio: -5 is not in [0, 1]"),
-    (["--dropout", "1"], "--dropout: 1 is not in [0, 1)"),
-    (["--log_interval", "0"], "--log_interval: 0 is not a positive integer"),
-    (["--eval_windows", "0"], "--eval_windows: 0 is not a positive integer"),
-    (["--chunk_size", "-1"], "--chunk_size: -1 is not an integer >= 0"),
-    (["--device", "foo"], "--device: 'foo' is no device"),
-    (["--keep_softmax_every", "4"], "--keep_softmax_every picks which of the teacher's layers stay softmax"),
-    (["--init", "pretrained", "--keep_softmax_from", "top"], "--keep_softmax_from says where --keep_softmax_every"),
-    (["--vocab_size", "500"], "add --tokenizer bpe"),
-    (["--tokenizer", "bpe", "--vocab_size", "10"], "at least 257 tokens"),
-    (["--seed", str(10**23)], "is not a seed from 0 to 2**63 - 1"),
-])
-def test_bad_flags_are_refused_before_any_work(capsys, argv, message):
-    assert_flags_refused(train_lm.get_args, argv, message, capsys)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_on_a_machine_without_it_is_refused(capsys):
     with pytest.raises(SystemExit):
         train_lm.get_args(["--device", "cuda"])
     assert "no such CUDA device" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--temperature", "nan"], "--temperature: nan is not a finite number >= 0"),
-    (["--num_tokens", "0"], "--num_tokens: 0 is not a positive integer"),
-])
-def test_generate_flags_are_refused_before_any_work(capsys, argv, message):
-    assert_flags_refused(generate.get_args, argv, message, capsys)
 
 
 def test_sampling_at_a_tiny_temperature_is_argmax():
@@ -274,6 +242,18 @@ def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
 def test_generate_refuses(run_here, trained, argv, message):
     tmp, _ = trained
     assert_one_line_error(run_here("generate.py", *argv, cwd=tmp), message)
+
+
+def test_generate_by_default_samples_what_train_lm_init_pretrained_writes(run_here, trained, tmp_path):
+    """The README's `python train_lm.py --init pretrained && python generate.py`: generate.py's default --ckpt is the
+    model.pt in the default run's folder (here a tiny run copied there)."""
+    tmp, _ = trained
+    default_run = train_lm.get_args(["--init", "pretrained"]).out_dir
+    assert os.path.dirname(generate.get_args([]).ckpt) == default_run
+    shutil.copytree(tmp / "out/tiny-t2r-random", tmp_path / default_run)
+    result = run_here("generate.py", "--num_tokens", "5", "--temperature", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"{default_run}/model.pt" in result.stdout and "t2r.py's step" in result.stdout
 
 
 def test_generate_decodes_a_softmax_model_with_its_kv_cache(run_here, trained):

@@ -14,13 +14,10 @@ import torch
 import after_t2r
 import generate
 import t2r
-import train_lm
-import train_mt
 import translate
-from conftest import MT_TINY, TINY, assert_check_passes, assert_flags_refused, report, run, write_corpus
+from conftest import MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run, write_corpus
 from support.runtime import write_json
 from t2r import Seq2SeqTransformer, TransformerLM
-from test_t2r import lm_config, make, mt_config
 
 T = 9
 
@@ -179,30 +176,6 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     same = translate.translate_sentences(generate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
                                          torch.device("cpu"))
     assert out.stdout.splitlines() == same  # the script's beam search on window states is the function's
-
-
-@pytest.mark.parametrize("get_args, argv, message", [
-    (train_lm.get_args, ["--window", "-1"], "--window"),
-    (train_lm.get_args, ["--transfer_steps", "5"], "add --init pretrained"),
-    (train_lm.get_args, ["--init", "pretrained", "--attn", "softmax", "--transfer_steps", "5"], "not softmax"),
-    (train_lm.get_args, ["--attn", "softmax", "--window", "8"], "not softmax"),
-    (train_lm.get_args, ["--init", "pretrained", "--transfer_steps", "5", "--freeze_feature_map"], "drop one"),
-    (train_mt.get_args, ["--transfer_steps", "5"], "add --init pretrained"),
-    (train_mt.get_args, ["--transfer_lr", "0"], "--transfer_lr"),
-    (train_lm.get_args, ["--pretrained", "teacher.pt"], "add --init pretrained"),
-    (train_lm.get_args, ["--init", "pretrained", "--transfer_lr", "0.1"], "add --transfer_steps"),
-    (train_lm.get_args, ["--init", "pretrained", "--attn", "elu", "--transfer_steps", "5"], "would train nothing"),
-    (train_lm.get_args, ["--init", "pretrained", "--attn", "rfa", "--feature_size", "7"], "must be even"),
-    (train_mt.get_args, ["--init", "pretrained", "--attn", "rfa", "--cross_feature_size", "7"], "must be even"),
-    (train_lm.get_args, ["--init", "pretrained", "--keep_softmax_every", "1"], "which is the teacher"),
-    (train_lm.get_args, ["--init", "pretrained", "--attn", "softmax", "--keep_softmax_every", "2"], "add --attn"),
-    (train_lm.get_args, ["--init", "pretrained", "--attn", "elu", "--freeze_feature_map"], "no feature-map weights"),
-    (train_lm.get_args, ["--init", "pretrained", "--window", "512"], "softmax throughout"),
-], ids=["negative-window", "lm-random-init", "softmax-transfer", "softmax-window", "frozen", "mt-random-init",
-        "zero-lr", "pretrained-without-init", "transfer-lr-alone", "elu-transfer", "rfa-odd", "rfa-odd-cross",
-        "keep-every-layer", "keep-in-softmax", "elu-frozen", "window-covers-all"])
-def test_bad_conversion_flags_are_refused(capsys, get_args, argv, message):
-    assert_flags_refused(get_args, argv, message, capsys)
 
 
 def test_the_conversion_report_reads_each_rows_three_scores(tmp_path):

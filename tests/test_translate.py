@@ -9,11 +9,9 @@ import pytest
 import torch
 
 import translate
-from conftest import (assert_one_line_error, make, mt_config, padded_sources, report, run, step_all,
-                      tiny_translator)
+from conftest import assert_one_line_error, report, run, step_all, tiny_translator, translator_batch
 from support import mt_data
 from support.mt_data import EOS_ID, PAD_ID
-from t2r import Seq2SeqTransformer
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 
@@ -164,15 +162,12 @@ def test_latin1_input_is_a_one_line_error(trained_translator, run_here):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_reorder_state_moves_the_right_rows(kind):
-    model = make(Seq2SeqTransformer, mt_config(kind))
-    g = torch.Generator().manual_seed(9)
-    src = padded_sources(g)
-    prefix = torch.randint(1, 37, (3, 4), generator=g)
+    model, src, tokens = translator_batch(kind, seed=9, target_length=7)
+    prefix, next_tokens = tokens[:, :4], tokens[:, 4:]
     state = model.init_state(src)
     step_all(model, state, prefix)
     index = torch.tensor([2, 0, 0])
     reordered = translate.reorder_state(state, index)
-    next_tokens = torch.randint(1, 37, (3, 3), generator=g)
     got = step_all(model, reordered, next_tokens)
     # reference: each chosen hypothesis decoded again from scratch
     fresh = model.init_state(src[index])

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 
 import after_t2r
 import t2r
-from conftest import report
+from conftest import lm_config, make, mt_config, report, step_all
 from t2r import Seq2SeqTransformer, TransformerLM
-from test_t2r import lm_config, make, mt_config, step_all
+
 
 T = 11  # not a multiple of the chunk sizes below
 

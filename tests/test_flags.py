@@ -1,0 +1,83 @@
+"""Every script refuses a bad flag, or flags it cannot run together, before any work: one line on stderr,
+`error: ...`, saying what to do, and exit status 2 (argparse's own errors too). Each case is the flags as a user
+types them and a fragment of the line.
+
+    python -m pytest -q -s tests/test_flags.py
+"""
+
+import pytest
+
+import generate
+import train_lm
+import train_mt
+from conftest import assert_flags_refused
+
+GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, "generate.py": generate.get_args}
+
+
+@pytest.mark.parametrize("script, flags, message", [
+    # train_lm.py: each flag's kind and range
+    ("train_lm.py", "--no_such_flag", "unrecognized arguments: --no_such_flag"),
+    ("train_lm.py", "--max_steps many", "--max_steps: 'many' is not a number"),
+    ("train_lm.py", "--eval_score 600", "--eval_score must be between 1 and --eval_context"),
+    ("train_lm.py", "--n_layer 0", "--n_layer: 0 is not a positive integer"),
+    ("train_lm.py", "--n_head -1", "--n_head: -1 is not a positive integer"),
+    ("train_lm.py", "--lr inf", "--lr: inf is not a positive finite number"),
+    ("train_lm.py", "--lr nan", "--lr: nan is not a positive finite number"),
+    ("train_lm.py", "--min_lr_ratio -5", "--min_lr_ratio: -5 is not in [0, 1]"),
+    ("train_lm.py", "--dropout 1", "--dropout: 1 is not in [0, 1)"),
+    ("train_lm.py", "--log_interval 0", "--log_interval: 0 is not a positive integer"),
+    ("train_lm.py", "--eval_windows 0", "--eval_windows: 0 is not a positive integer"),
+    ("train_lm.py", "--chunk_size -1", "--chunk_size: -1 is not an integer >= 0"),
+    ("train_lm.py", "--device foo", "--device: 'foo' is no device"),
+    ("train_lm.py", "--keep_softmax_every 4", "--keep_softmax_every picks which of the teacher's layers stay softmax"),
+    ("train_lm.py", "--init pretrained --keep_softmax_from top", "--keep_softmax_from says where --keep_softmax_every"),
+    ("train_lm.py", "--vocab_size 500", "add --tokenizer bpe"),
+    ("train_lm.py", "--tokenizer bpe --vocab_size 10", "at least 257 tokens"),
+    ("train_lm.py", "--seed 100000000000000000000000", "is not a seed from 0 to 2**63 - 1"),
+    # the conversion: swap, attention transfer, window, kept softmax layers
+    ("train_lm.py", "--window -1", "--window"),
+    ("train_lm.py", "--transfer_steps 5", "add --init pretrained"),
+    ("train_lm.py", "--init pretrained --attn softmax --transfer_steps 5", "not softmax"),
+    ("train_lm.py", "--attn softmax --window 8", "not softmax"),
+    ("train_lm.py", "--init pretrained --transfer_steps 5 --freeze_feature_map", "drop one"),
+    ("train_mt.py", "--transfer_steps 5", "add --init pretrained"),
+    ("train_mt.py", "--transfer_lr 0", "--transfer_lr"),
+    ("train_lm.py", "--pretrained teacher.pt", "add --init pretrained"),
+    ("train_lm.py", "--init pretrained --transfer_lr 0.1", "add --transfer_steps"),
+    ("train_lm.py", "--init pretrained --attn elu --transfer_steps 5", "would train nothing"),
+    ("train_lm.py", "--init pretrained --attn rfa --feature_size 7", "must be even"),
+    ("train_mt.py", "--init pretrained --attn rfa --cross_feature_size 7", "must be even"),
+    ("train_lm.py", "--init pretrained --keep_softmax_every 1", "which is the teacher"),
+    ("train_lm.py", "--init pretrained --attn softmax --keep_softmax_every 2", "add --attn"),
+    ("train_lm.py", "--init pretrained --attn elu --freeze_feature_map", "no feature-map weights"),
+    ("train_lm.py", "--init pretrained --window 512", "softmax throughout"),
+    # SRU++ (--arch sru++) and the transformer's flags
+    ("train_lm.py", "--arch sru++ --init pretrained", "trains from scratch"),
+    ("train_lm.py", "--arch sru++ --attn_every 5", "--attn_every 5 is larger than the 4 layers"),
+    ("train_lm.py", "--arch sru++ --n_layer 2 --attn_every 3", "larger than the 2 layers"),
+    ("train_lm.py", "--arch sru++ --window 8", "--window is a transformer flag"),
+    ("train_lm.py", "--arch sru++ --n_head 2", "--n_head is a transformer flag"),
+    ("train_lm.py", "--attn_every 2", "--attn_every is an SRU++ flag: add --arch sru++"),
+    ("train_lm.py", "--arch rnn", "invalid choice: 'rnn'"),
+    # GPT-2 from Hugging Face
+    ("train_lm.py", "--pretrained hf:gpt2", "is a model to convert: add --init pretrained"),
+    ("train_lm.py", "--init pretrained --pretrained hf:gpt2 --tokenizer bpe", "--tokenizer: GPT-2 cuts the data"),
+    # train_mt.py
+    ("train_mt.py", "--no_such_flag", "unrecognized arguments"),
+    ("train_mt.py", "--max_tokens 10 --max_len 40", "cannot hold one sentence"),
+    ("train_mt.py", "--lenpen nan", "--lenpen: nan is not a finite number"),
+    ("train_mt.py", "--bleu_sentences -5", "--bleu_sentences: -5 is not an integer >= 0"),
+    ("train_mt.py", "--max_len_a -1", "--max_len_a: -1 is not a finite number >= 0"),
+    ("train_mt.py", "--max_len_b 0", "--max_len_b: 0 is not a positive integer"),
+    ("train_mt.py", "--label_smoothing 1", "--label_smoothing: 1 is not in [0, 1)"),
+    ("train_mt.py", "--vocab_size 100", "at least 260 tokens"),
+    # generate.py
+    ("generate.py", "--temperature nan", "--temperature: nan is not a finite number >= 0"),
+    ("generate.py", "--num_tokens 0", "--num_tokens: 0 is not a positive integer"),
+    # generate.py: the step
+    ("generate.py", "--step graph --compile", "--compile compiles the eager step"),
+    ("generate.py", "--mode recompute --step eager", "they need --mode recurrent"),
+])
+def test_bad_flags_are_refused_before_any_work(capsys, script, flags, message):
+    assert_flags_refused(GET_ARGS[script], flags.split(), message, capsys)
