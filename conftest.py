@@ -211,6 +211,16 @@ def built_once(tmp_path_factory, name, build) -> tuple:
     return folder, json.loads(record.read_text())
 
 
+def translations_in_process(ckpt, sentences: list, *flags) -> list:
+    """What translate.py --ckpt CKPT *flags should print for sentences: translate.translate_sentences on the model
+    generate.inference_model makes of it, with translate.py's flags (its defaults where not given)."""
+    import generate
+    import translate
+    model, tokenizer, _ = translate.load_translator(str(ckpt))
+    return translate.translate_sentences(generate.inference_model(model), tokenizer, sentences,
+                                         translate.get_args(list(flags)), torch.device("cpu"))
+
+
 @pytest.fixture(scope="session")
 def trained_translator(tmp_path_factory):
     """The main job on a toy corpus: train the softmax translator, convert, finetune, BLEU (under a minute), once

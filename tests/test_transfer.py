@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import after_t2r
-import generate
 import t2r
-import translate
-from conftest import MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run, write_corpus
+from conftest import (MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run,
+                      translations_in_process, write_corpus)
 from support.runtime import write_json
 from t2r import Seq2SeqTransformer, TransformerLM
 
@@ -171,10 +170,8 @@ def test_the_translator_transfers_and_beam_searches_with_a_window(trained_transl
     results = json.loads((tmp_path / "mt-window/results.json").read_text())
     assert results["attn"] == "t2r+transfer+window3+pretrain" and "bleu" in results["after_transfer"]["test"]
     out = run_here("translate.py", "--ckpt", f"{window}/model.pt", "--beam", "3", cwd=tmp, stdin="w1 w2 w3\nw4\n")
-    model, tokenizer, _ = translate.load_translator(f"{window}/model.pt")
-    args = translate.get_args(["--beam", "3"])  # the script's decoding flags, its defaults
-    same = translate.translate_sentences(generate.inference_model(model), tokenizer, ["w1 w2 w3", "w4"], args,
-                                         torch.device("cpu"))
+    same = translations_in_process(f"{window}/model.pt", ["w1 w2 w3", "w4"], "--beam", "3")
+    print(same)
     assert out.stdout.splitlines() == same  # the script's beam search on window states is the function's
 
 
