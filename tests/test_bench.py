@@ -2,7 +2,7 @@
 bench.py runs end to end (--quick, into out/bench-quick) and writes what its docstring promises; its instruments
 (benchmarks/bench_tools.py, benchmarks/bench_report.py) and its ratios are right; bad flags are one-line errors.
 
-    python -m pytest -q tests/test_bench.py  # about 50 s on a 2-core CPU, more on a slower machine
+    python -m pytest -q tests/test_bench.py  # about 20 s on a 2-core CPU, more on a slower machine
 """
 
 import csv
