@@ -156,6 +156,9 @@ class MTTask(Task):
         if not self.ddp.is_main:  # only the main process writes snapshots, and only it decodes
             return model, {}
         paths = snapshot_paths(self.args.out_dir, self.snapshot_steps)[-self.args.average_last:]
+        if not paths:
+            raise UserError(f"{self.args.out_dir} has no snapshot_*.pt left to average into model.pt: restore them, "
+                            f"or train a new run in another --out_dir")
         final = Seq2SeqTransformer(model.config)
         final.load_state_dict(average_snapshots(paths))
         steps = [int(os.path.basename(p)[9:16]) for p in paths]

@@ -3,8 +3,12 @@ A run's folder, as the training loop keeps it: one run per --out_dir (a lock), t
 the checks that a resumed or evaluated run is the same run (its data, its processes), and results.json.
 
     <out_dir>/.lock  args.json  ckpt.pt (every --eval_interval steps)  model.pt, results.json (finished)
+             snapshot_<step>.pt (a translator's, averaged into model.pt)
+
+A run's files are its own: a new run starts only in a folder no run has written outputs to.
 """
 
+import glob
 import os
 
 try:
@@ -29,6 +33,17 @@ def lock_out_dir(task):
     except BlockingIOError:
         raise UserError(f"another run is using {out_dir} (it holds {out_dir}/.lock): wait for it to finish, "
                         f"or pick another --out_dir") from None
+    for stale in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp")):  # a write killed midway (atomic_write's)
+        os.remove(stale)  # under the lock no other process writes here
+
+
+# What a run leaves in its folder besides args.json (written at its start): a new run starts where none of these is
+RUN_OUTPUTS = ("ckpt.pt", "model.pt", "results.json", "snapshot_*.pt")
+
+
+def earlier_outputs(out_dir: str) -> list:
+    return sorted(os.path.basename(p) for pattern in RUN_OUTPUTS
+                  for p in glob.glob(os.path.join(glob.escape(out_dir), pattern)))
 
 
 def open_run(task) -> dict | None:
@@ -41,6 +56,10 @@ def open_run(task) -> dict | None:
     if not args.resume and os.path.exists(path):
         raise UserError(f"{path} exists: pass --resume to continue it, --eval_only to evaluate it, "
                         f"or choose another --out_dir")
+    left = [] if args.resume else earlier_outputs(args.out_dir)
+    if left:  # e.g. a run killed after its first snapshots, before its first ckpt.pt: not this run's
+        raise UserError(f"{args.out_dir} holds {', '.join(left[:3])}{' ...' if len(left) > 3 else ''} of an earlier run "
+                        f"that cannot be resumed (it has no ckpt.pt): delete them, or choose another --out_dir")
     return load_checkpoint(path) if args.resume else None
 
 

@@ -438,6 +438,16 @@ def test_an_out_dir_that_is_a_file_is_refused(run_here, tmp_path, corpus):
     assert_one_line_error(result, "cannot write to --out_dir taken")
 
 
+def test_a_write_killed_midway_leaves_no_temporary_file_once_the_run_goes_on(run_here, trained, tmp_path):
+    """kill -9 during a save leaves ckpt.pt.<pid>.tmp (atomic_write's name); the next run to hold the folder's lock
+    removes it: no other process can be writing there."""
+    tmp, _ = trained
+    shutil.copytree(tmp / "out/tiny-t2r-random", tmp_path / "r")
+    (tmp_path / "r/ckpt.pt.99999.tmp").write_bytes(b"half a checkpoint")
+    assert run_here("train_lm.py", "--eval_only", "--out_dir", "r", cwd=tmp_path).returncode == 0
+    assert not list((tmp_path / "r").glob("*.tmp"))
+
+
 def test_a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
     path = tmp_path / "ckpt.pt"
     runtime.save_checkpoint(str(path), {"step": 1})

@@ -400,3 +400,24 @@ def test_batch_order_is_a_function_of_the_counter_and_covers_every_batch():
     assert sorted(epoch) == list(range(7))  # one epoch visits every batch once
     assert [train_mt_module.batch_at(batches, c, seed=3)[0] for c in range(7, 14)] != epoch  # reshuffled per epoch
     assert train_mt_module.batch_at(batches, 9, seed=3) == train_mt_module.batch_at(batches, 9, seed=3)
+
+
+def test_a_new_run_refuses_another_runs_snapshots(run_here, trained_translator, tmp_path):
+    """A run killed after its first snapshots, before its first ckpt.pt: a new run in that out_dir would average them
+    into its model.pt. It is refused, and the snapshot is left as it was."""
+    tmp, corpus, _ = trained_translator
+    (tmp_path / "r").mkdir()
+    left = tmp_path / "r/snapshot_0000030.pt"
+    shutil.copy(sorted((tmp / "out/mt-toy-en-de-t2r-pretrained").glob("snapshot_*.pt"))[-1], left)
+    result = run_here("train_mt.py", "--dataset", corpus, *MT_TINY, "--max_steps", "2", "--out_dir", "r", cwd=tmp_path)
+    assert_one_line_error(result, "r holds snapshot_0000030.pt of an earlier run", "delete them")
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock", "snapshot_0000030.pt"]
+
+
+def test_a_finished_run_without_its_snapshots_is_a_one_line_error(run_here, trained_translator, tmp_path):
+    tmp, _, _ = trained_translator
+    shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
+    for path in [*(tmp_path / "r").glob("snapshot_*.pt"), tmp_path / "r/model.pt"]:
+        path.unlink()
+    result = run_here("train_mt.py", "--resume", "--out_dir", "r", cwd=tmp_path)
+    assert_one_line_error(result, "r has no snapshot_*.pt left to average into model.pt")
