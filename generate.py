@@ -68,37 +68,40 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
 
 
 @torch.no_grad()
-def generate_recurrent(model, prompt, num_tokens, pick, on_token=None, keep_logits=False):
-    """The RNN way: feed each token once; the state carries the prefix. Returns tokens, the logits of every
-    step (only with keep_logits, for --check: they cost 4 x vocabulary bytes a token), and the state."""
+def generate_recurrent(model, prompt, num_tokens, pick, on_token=None, keep=False):
+    """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens: each
+    new token goes to on_token (which streams it). keep=True (several samples, printed at the end; --check) also keeps
+    the tokens and the logits of every step, 8 and 4 x vocabulary bytes a token. Returns (tokens, logits, state),
+    the first two None without keep."""
     state = model.init_state(prompt.shape[0])
     for t in range(prompt.shape[1] - 1):  # prefill: the prompt's own predictions are not needed
         model.step(prompt[:, t], state)
-    token, all_logits = prompt[:, -1], []
-    tokens = torch.empty(prompt.shape[0], num_tokens, dtype=torch.long, device=prompt.device)  # 8 bytes a token
-    for t in range(num_tokens):
+    token, kept = prompt[:, -1], []
+    for _ in range(num_tokens):
         logits, state = model.step(token, state)
-        token = tokens[:, t] = pick(logits)
-        if keep_logits:
-            all_logits.append(logits)
+        token = pick(logits)
+        if keep:
+            kept.append((token, logits))
         if on_token:
             on_token(token)
-    return tokens, torch.stack(all_logits, 1) if keep_logits else None, state
+    tokens, logits = (torch.stack(t, 1) for t in zip(*kept)) if keep else (None, None)
+    return tokens, logits, state
 
 
 @torch.no_grad()
-def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep_logits=False):
-    """The transformer way without a cache: run the whole sequence again for every new token."""
+def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep=False):
+    """The transformer way without a cache: run the whole sequence again for every new token (it grows: the
+    baseline). Returns as generate_recurrent does, with no state."""
     sequence, all_logits = prompt, []
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
         sequence = torch.cat([sequence, token[:, None]], dim=1)
-        if keep_logits:
+        if keep:
             all_logits.append(logits)
         if on_token:
             on_token(token)
-    return sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1) if keep_logits else None, None
+    return (sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1), None) if keep else (None, None, None)
 
 
 def load_tokenizer(checkpoint):
@@ -285,7 +288,7 @@ def main():
     run = pick_run(model, args, device, prompt.shape[1] + args.num_tokens)
     print(lm.decode(ids), end="", flush=True)
     start = time.time()
-    tokens, logits, state = run(prompt, args.num_tokens, pick, stream, args.check)
+    tokens, logits, state = run(prompt, args.num_tokens, pick, stream, args.num_samples > 1 or args.check)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - start
