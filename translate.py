@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from generate import compile_step, inference_model
 from support import mt_data
+from support.data import text_lines
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
                              load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
@@ -336,14 +337,14 @@ def get_args(argv=None):
 
 
 def read_lines(path: str) -> list:
-    """The lines to translate, from a UTF-8 file or stdin."""
+    """The lines to translate, from a UTF-8 file or stdin, cut as `wc -l` counts them: one output line per line."""
     if path != "-" and not os.path.isfile(path):
         raise UserError(f"{path}: no such file (use - for stdin)")
     try:
         if path == "-":
-            return sys.stdin.buffer.read().decode("utf-8").splitlines()
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
+            return text_lines(sys.stdin.buffer.read().decode("utf-8-sig"))
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            return text_lines(f.read())
     except UnicodeDecodeError as error:
         raise UserError(f"{'stdin' if path == '-' else path} is not UTF-8 (byte {error.start}): convert it, "
                         f"e.g. iconv -f latin1 -t utf-8") from None

@@ -128,6 +128,16 @@ def _chunks(source: str | Path, size: int = CHUNK_CHARS, desc: str | None = None
     bar.close()
 
 
+def text_lines(text: str) -> list[str]:
+    """The lines of a text as `wc -l` counts them: cut at "\n" only (a form feed or U+2028 stays inside its line, as
+    str.splitlines would not have it), a "\r" before it dropped (Windows files), no line after the last "\n". Read
+    files with encoding "utf-8-sig": a byte-order mark is not glued to the first word."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def _raw_chunks(source: str | Path, size: int) -> Iterator[str]:
     if isinstance(source, str):
         start = 0
@@ -138,7 +148,7 @@ def _raw_chunks(source: str | Path, size: int) -> Iterator[str]:
             start = end
         return
     try:
-        with open(source, encoding="utf-8") as f:  # universal newlines: \r\n files read as \n
+        with open(source, encoding="utf-8-sig") as f:  # universal newlines: \r\n files read as \n; no BOM
             while lines := f.readlines(size):
                 yield "".join(lines)
     except UnicodeDecodeError as error:

@@ -201,8 +201,8 @@ def multi30k_corpus(data_dir: Path, src_lang: str, tgt_lang: str, fetch: Callabl
                     raise DataError(f"could not download {url} ({error}): put {path.name} in {data_dir} by hand, "
                                     f"or use the offline default --dataset libreoffice") from None
             try:
-                with gzip.open(path, "rt", encoding="utf-8") as f:
-                    sides.append(f.read().splitlines())
+                with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as f:
+                    sides.append(data.text_lines(f.read()))
             except (OSError, EOFError) as error:
                 raise DataError(f"{path} is corrupt ({error}): delete it and rerun") from None
         corpus[split] = aligned(sides[0], sides[1], f"{data_dir}/{name}.{{{src_lang},{tgt_lang}}}.gz")
@@ -217,14 +217,15 @@ def folder_corpus(folder: Path, src_lang: str, tgt_lang: str) -> dict:
             if not path.is_file():
                 raise DataError(f"{path} is missing: a folder corpus needs train, valid and test files named "
                                 f"<split>.{src_lang} and <split>.{tgt_lang} with one sentence a line")
-        sides = [read_utf8(path).splitlines() for path in paths]
+        sides = [data.text_lines(read_utf8(path)) for path in paths]
         corpus[split] = aligned(sides[0], sides[1], f"{folder}/{split}.{{{src_lang},{tgt_lang}}}")
     return corpus
 
 
 def read_utf8(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8-sig", newline="") as f:  # lines as text_lines cuts them, \n only
+            return f.read()
     except UnicodeDecodeError as error:
         raise DataError(f"{path} is not UTF-8 (byte {error.start}): convert it, e.g. iconv -f latin1 -t utf-8") from None
 

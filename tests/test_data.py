@@ -167,6 +167,14 @@ def test_folder_dataset(tmp_path):
     print(f"folder dataset: vocabulary {lm.vocab_size}, train {len(lm.train)} tokens")
 
 
+def test_a_byte_order_mark_is_not_glued_to_the_first_word(tmp_path):
+    corpus = write_corpus(tmp_path / "tiny")
+    train = os.path.join(corpus, "train.txt")
+    text = open(train, encoding="utf-8").read()
+    open(train, "w", encoding="utf-8").write("\ufeff" + text)  # as Windows editors save UTF-8
+    lm = data.prepare(corpus, cache_dir=str(tmp_path / "cache"))
+    assert lm.vocab_size == 2 + 8 and lm.decode(lm.train[:3]) == "the cat sat"
+
 def test_wikitext_file_names_are_accepted(tmp_path):
     wiki_style = write_corpus(tmp_path / "wiki", names=("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"))
     assert data.load_corpus(wiki_style)["valid"] == "the dog sat\na cat on the log\n"

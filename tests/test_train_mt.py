@@ -151,6 +151,15 @@ def test_folder_corpus_checks_alignment(tmp_path):
         mt_data.load_parallel(str(tmp_path), "en", "de")
 
 
+def test_a_corpus_line_is_cut_at_newlines_only_and_loses_its_byte_order_mark(tmp_path):
+    """U+0085, U+2028 and a form feed inside a line are no line ends (str.splitlines would cut there and misalign
+    the corpus); a Windows \\r\\n is one; a byte-order mark at the start is not part of the first word."""
+    for split in mt_data.SPLITS:
+        (tmp_path / f"{split}.en").write_bytes("\ufeffa\x85b\r\nc\u2028d\x0ce\n".encode())
+        (tmp_path / f"{split}.de").write_bytes(b"x y\nz w\n")
+    pairs = mt_data.load_parallel(str(tmp_path), "en", "de")["train"]
+    assert pairs == [("a b", "x y"), ("c d e", "z w")]
+
 def test_joint_bpe_round_trips_and_batches_respect_max_tokens():
     pairs = [("Click the button to open the dialog.", "Klicken Sie auf die Schaltfläche, um den Dialog zu öffnen."),
              ("Größe ändern", "Change size")] * 20

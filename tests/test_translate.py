@@ -174,3 +174,11 @@ def test_reorder_state_moves_the_right_rows(kind):
     fresh = model.init_state(src[index])
     expected = step_all(model, fresh, torch.cat([prefix[index], next_tokens], dim=1))[:, 4:]
     assert report(f"{kind}: reordered state vs recomputed", (got - expected).abs().max()) < 1e-9
+
+
+def test_one_output_line_per_input_line_whatever_the_line_holds(trained_translator, run_here):
+    """A form feed, U+2028 or U+0085 inside a line is no line end: two lines in, two out (str.splitlines made 3)."""
+    tmp, _, _ = trained_translator
+    lines = ["w1\x0cw2 w3", "w4\u2028w5\x85w6"]
+    out = run_here("translate.py", "--ckpt", STUDENT, "--beam", "1", cwd=tmp, stdin="\n".join(lines) + "\n")
+    assert out.stdout.split("\n")[:-1] == translations_in_process(tmp / STUDENT, lines, "--beam", "1")
