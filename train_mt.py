@@ -28,7 +28,8 @@ from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_s
                          processes, resolve_run_flags, run)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
-                             model_from_checkpoint, non_negative_int, positive_int, run_main, save_checkpoint)
+                             model_from_checkpoint, non_negative_int, positive_int, read_checked, run_main,
+                             save_checkpoint)
 from support.training import Task, get_lr_inverse_sqrt
 from t2r import Config, Seq2SeqTransformer, convert
 from translate import add_decoding_flags, evaluate_bleu
@@ -257,11 +258,8 @@ def save_snapshot(model, out_dir: str, step: int, keep: int, wanted=lambda step:
 
 
 def load_snapshot(path: str) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)["model"]
-    except Exception as error:  # truncated, or not a snapshot
-        raise UserError(f"snapshot {path} is unreadable ({type(error).__name__}): delete it, then --resume the run "
-                        f"to write model.pt from the snapshots left") from None
+    return read_checked(path, "snapshot", "delete it, then --resume the run to write model.pt from the snapshots "
+                        "left")["model"]
 
 
 def average_snapshots(paths: list) -> dict:

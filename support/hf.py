@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from support.runtime import UserError
+from support.runtime import UserError, non_finite_weights
 from t2r import Config, TransformerLM
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER
@@ -124,6 +124,9 @@ def read_tensors(folder: str) -> dict:
         tensors = load_file(path) if path.endswith(".safetensors") else torch.load(path, "cpu", weights_only=True)
     except Exception as error:  # truncated, or no checkpoint at all: safetensors and torch raise many kinds
         raise UserError(f"{path} is unreadable ({type(error).__name__}): download it again") from None
+    broken = non_finite_weights(tensors)
+    if broken:
+        raise UserError(f"{path} holds NaN or inf weights ({broken[0]}): it is damaged; download it again")
     return {name.removeprefix("transformer."): tensor for name, tensor in tensors.items()}
 
 

@@ -92,7 +92,7 @@ def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
         take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS,
-                         growable if args.resume else (), script=parser.prog)
+                         growable if args.resume else (), script=parser.prog, lowerable=("lr",) if args.resume else ())
     return args
 
 

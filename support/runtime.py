@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten
 
 from sru import SRUConfig, SRUppLM
 from t2r import Config, Seq2SeqTransformer, TransformerLM
@@ -124,11 +126,13 @@ def serializable(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
 
 
-def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), script: str = "this script"):
+def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), script: str = "this script",
+                     lowerable: tuple = ()):
     """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
     now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
     (where to run it, when to stop) belong to this invocation alone; a flag in `growable` may be raised (a longer
-    run whose schedule does not depend on its length is the same run, continued)."""
+    run whose schedule does not depend on its length is the same run, continued), one in `lowerable` lowered (the
+    learning rate of a run whose loss turned NaN: the recovery the error suggests)."""
     saved_path = os.path.join(out_dir, "args.json")
     if os.path.isfile(saved_path):
         try:
@@ -151,6 +155,9 @@ def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), 
         elif name in growable and getattr(args, name) > value:
             print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on with its "
                   f"other flags (--warmup_steps {saved.get('warmup_steps')})")
+        elif name in lowerable and getattr(args, name) < value:
+            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on at the lower "
+                  f"value from its last checkpoint")
         elif value != getattr(args, name):
             raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
                             f"drop the flag to continue or evaluate that run, or pick another --out_dir")
@@ -298,14 +305,36 @@ def atomic_write(path: str | Path) -> Iterator[str]:
             os.remove(tmp)
 
 
+def tensor_checksum(checkpoint: dict) -> int:
+    """CRC-32 of every tensor's bytes in a checkpoint, in order (the "checksum" entry aside): torch.load does not
+    check the zip's own CRCs, so a flipped byte in the weights would load silently."""
+    crc = 0
+    for leaf in tree_flatten({k: v for k, v in checkpoint.items() if k != "checksum"})[0]:
+        if torch.is_tensor(leaf):
+            crc = zlib.crc32(leaf.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), crc)
+    return crc
+
+
+def non_finite_weights(weights: dict) -> list:
+    """The names of the floating-point tensors holding a NaN or an inf."""
+    return [name for name, t in weights.items()
+            if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
+
+
 def save_checkpoint(path: str, checkpoint: dict):
-    """An interrupted or failed save never leaves a half checkpoint (atomic_write): the last one stays."""
+    """Weights that are not finite are never saved (the last good checkpoint stays the one to resume); the tensors'
+    checksum goes with them. An interrupted or failed save never leaves a half checkpoint (atomic_write)."""
+    broken = non_finite_weights(checkpoint.get("model", {}))
+    if broken:
+        raise UserError(f"not saving {path}: its weights hold NaN or inf ({broken[0]}; the updates diverged): lower "
+                        f"--lr, then --resume from the last checkpoint saved (or start again if none was)")
     try:
-        with atomic_write(path) as tmp:
-            torch.save(checkpoint, tmp)
-    except (OSError, RuntimeError) as error:  # a full disk, a read-only folder (torch.save raises either)
-        raise UserError(f"could not write {path} ({str(error).splitlines()[0][:120]}): free some space or make the "
-                        f"folder writable, then --resume; the last complete checkpoint is kept") from None
+        with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: a full disk is an OSError with errno
+            torch.save({**checkpoint, "checksum": tensor_checksum(checkpoint)}, f)
+    except (OSError, RuntimeError) as error:  # a full disk, a read-only folder
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:120]
+        raise UserError(f"could not write {path} ({reason}): free some space or make the folder writable, then "
+                        f"--resume; the last complete checkpoint is kept") from None
 
 
 def write_json(path: str, values: dict):
@@ -333,13 +362,28 @@ def writable(path: str):
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     if not os.path.isfile(path):
         raise UserError(f"no {what} at {path}: train one first, or pass the right path")
+    checkpoint = read_checked(path, what)
+    if not isinstance(checkpoint.get("config"), dict) or not isinstance(checkpoint.get("args", {}), dict):
+        raise UserError(f"{path} is not a t2r checkpoint (its config, or its args, is not a dict)")
+    return checkpoint
+
+
+def read_checked(path: str, what: str = "checkpoint", fix: str = "delete it and retrain, or restore a good copy"
+                 ) -> dict:
+    """A saved dict of weights, refused in one line (ending with `fix`) if it is unreadable, if its tensors differ
+    from the checksum save_checkpoint wrote with them (older files have none) or if its weights are not finite."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
         raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
-                        f"delete it and retrain, or restore a good copy") from None
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("config"), dict) or "model" not in checkpoint:
-        raise UserError(f"{path} is not a t2r checkpoint (no model, or no config dict, in it)")
+                        f"{fix}") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
+        raise UserError(f"{path} is not a t2r checkpoint (no model weights in it)")
+    if "checksum" in checkpoint and checkpoint["checksum"] != tensor_checksum(checkpoint):
+        raise UserError(f"{what} {path} is corrupt: its tensors do not match the checksum saved with them; {fix}")
+    broken = non_finite_weights(checkpoint["model"])
+    if broken:
+        raise UserError(f"{what} {path} holds NaN or inf weights ({broken[0]}): it cannot be used; {fix}")
     return checkpoint
 
 

@@ -273,7 +273,7 @@ def check_finite(nonfinite, task: Task, p: Progress):
         nonfinite = all_reduce_sum(nonfinite.float(), task.ddp) > 0
     if nonfinite.item():
         raise UserError(f"the training loss became NaN or inf before step {p.step}: stopped without saving, so "
-                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint; lower --lr or check the data")
+                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume (or check the data)")
 
 
 def start(task: Task, model, checkpoint: dict | None):
@@ -324,7 +324,13 @@ def log_step(bar, p: Progress, task: Task, loss: float, lr: float, tokens_per_s:
 
 
 def validate(task: Task, model, p: Progress):
+    """The validation loss at this step; a NaN or inf one stops the run before its weights are saved (they can be
+    finite yet so large that the model's outputs overflow)."""
     val_loss = task.validation_loss(model)
+    if not math.isfinite(val_loss):
+        raise UserError(f"the validation loss is {val_loss} at step {p.step}: the weights diverged; not saved, so "
+                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume "
+                        f"(or start again if none was saved)")
     p.best_val = min(p.best_val, val_loss)
     p.curve.append([p.step, p.tokens, val_loss])
     if task.ddp.is_main:

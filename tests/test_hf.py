@@ -235,6 +235,10 @@ def narrow(tensors):
     tensors["transformer.h.0.attn.c_attn.weight"] = tensors["transformer.h.0.attn.c_attn.weight"][:, :-3]
 
 
+def nan(tensors):
+    tensors["transformer.h.1.mlp.c_proj.weight"][0, 0] = float("nan")
+
+
 @pytest.mark.parametrize("change_tensors, change_config, message", [
     (drop("transformer.h.1.mlp.c_fc.bias"), None, "lacks the tensor h.1.mlp.c_fc.bias"),
     (add("transformer.h.0.attn.rotary"), None, "has the tensor h.0.attn.rotary"),
@@ -244,8 +248,9 @@ def narrow(tensors):
     (None, {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
     (None, {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06"),
     (None, {"n_head": 5}, "not a usable GPT-2 config"),
+    (nan, None, "holds NaN or inf weights (transformer.h.1.mlp.c_proj.weight)"),
 ], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "llama", "layer-scaled attention",
-        "another epsilon", "heads that do not divide"])
+        "another epsilon", "heads that do not divide", "nan weights"])
 def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path, capsys, change_tensors,
                                                             change_config, message):
     folder = variant(tiny_gpt2, tmp_path, change_tensors=change_tensors, change_config=change_config)

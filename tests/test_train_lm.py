@@ -4,6 +4,7 @@ and the one-line errors. Each runs the scripts as a user would, in a fresh folde
     python -m pytest -q -s tests/test_train_lm.py
 """
 
+import builtins
 import gc
 import json
 import math
@@ -412,10 +413,65 @@ def test_a_nan_teacher_is_not_converted(run_here, trained, tmp_path):
     tmp, corpus = trained
     teacher = torch.load(tmp / "out/tiny-softmax-random/model.pt", weights_only=True)
     next(iter(teacher["model"].values())).fill_(float("nan"))
+    del teacher["checksum"]  # as a checkpoint from elsewhere, or from before checksums, has none
     torch.save(teacher, tmp_path / "nan.pt")
     result = run_here("train_lm.py", "--init", "pretrained", "--pretrained", str(tmp_path / "nan.pt"),
                       "--dataset", corpus, *SMALL, "--out_dir", str(tmp_path / "x"), cwd=tmp)
     assert_one_line_error(result, "NaN or inf weights")
+
+
+def test_weights_that_turn_nan_are_not_saved(run_here, tmp_path, corpus):
+    """One step at --lr 1e30: the loss before the update is finite, the model after it is not (its weights near
+    1e30, its outputs overflow). The run stops at its evaluation in one line; no checkpoint, no model.pt (it used to
+    finish with valid ppl nan and exit 0)."""
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "1", "--lr", "1e30", "--grad_clip",
+                      "0", "--out_dir", "r", cwd=tmp_path)
+    assert_one_line_error(result, "the validation loss is nan at step 1", "lower --lr, then --resume")
+    assert sorted(os.listdir(tmp_path / "r")) == [".lock", "args.json"]
+
+
+def test_weights_holding_nan_or_inf_are_never_saved(tmp_path):
+    with pytest.raises(runtime.UserError, match="not saving .*ckpt.pt: its weights hold NaN or inf \\(w;"):
+        runtime.save_checkpoint(str(tmp_path / "ckpt.pt"), {"model": {"w": torch.tensor([1.0, float("inf")])}})
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_documented_recovery_resumes_at_a_lower_learning_rate(run_here, tmp_path, corpus):
+    """The error's advice, "lower --lr, then --resume", is taken: --lr may go down on --resume (and only down), and
+    the run goes on from its last checkpoint with the new rate, which args.json keeps."""
+    flags = ["--dataset", corpus, *TINY, "--max_steps", "4", "--out_dir", "r"]
+    assert run_here("train_lm.py", *flags, "--lr", "0.01", "--stop_at", "2", cwd=tmp_path).returncode == 0
+    higher = run_here("train_lm.py", "--resume", "--out_dir", "r", "--lr", "0.1", cwd=tmp_path)
+    assert_one_line_error(higher, "trained with --lr 0.01, the flags say 0.1")
+    lower = run_here("train_lm.py", "--resume", "--out_dir", "r", "--lr", "0.001", cwd=tmp_path)
+    assert lower.returncode == 0, lower.stderr
+    assert "--lr 0.001: r, trained with --lr 0.01, goes on at the lower value" in lower.stdout
+    assert json.loads((tmp_path / "r/args.json").read_text())["lr"] == 0.001
+    assert torch.load(tmp_path / "r/ckpt.pt", weights_only=True)["step"] == 4
+
+
+def test_a_checkpoint_whose_weights_changed_on_disk_is_refused(run_here, trained, tmp_path):
+    """400 bytes of the embedding flipped inside model.pt: the zip still opens and torch.load does not check its
+    CRCs, but the tensors no longer match the checksum saved with them."""
+    tmp, _ = trained
+    good = (tmp / "out/tiny-t2r-random/model.pt").read_bytes()
+    embedding = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)["model"]["embed.tok.weight"]
+    start = good.index(embedding.numpy().tobytes()[:64])  # the tensor's bytes, stored as they are in the zip
+    damaged = bytearray(good)
+    damaged[start + 100 : start + 500] = bytes(b ^ 0xFF for b in damaged[start + 100 : start + 500])
+    (tmp_path / "model.pt").write_bytes(bytes(damaged))
+    result = run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path)
+    assert_one_line_error(result, "model.pt is corrupt: its tensors do not match the checksum saved with them")
+
+
+def test_a_model_with_nan_weights_does_not_generate(run_here, trained, tmp_path):
+    tmp, _ = trained
+    checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
+    checkpoint["model"]["embed.tok.weight"][3, 0] = float("nan")
+    del checkpoint["checksum"]  # hand-made, or from before checksums
+    torch.save(checkpoint, tmp_path / "model.pt")
+    result = run_here("generate.py", "--ckpt", "model.pt", "--temperature", "0", cwd=tmp_path)
+    assert_one_line_error(result, "holds NaN or inf weights (embed.tok.weight)")
 
 
 @pytest.mark.parametrize("config", [{"n_head": 0}, "a string"])
@@ -450,17 +506,21 @@ def test_a_write_killed_midway_leaves_no_temporary_file_once_the_run_goes_on(run
     assert not list((tmp_path / "r").glob("*.tmp"))
 
 
-def test_a_full_disk_keeps_the_last_checkpoint_and_no_temporary_file(tmp_path, monkeypatch):
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
+def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    """The save's temporary file goes to /dev/full, where every write fails with ENOSPC, as on a full disk: the
+    error says "No space left on device" (torch.save to a path said "unexpected pos 704 vs 598")."""
     path = tmp_path / "ckpt.pt"
-    runtime.save_checkpoint(str(path), {"step": 1})
+    runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(2)}, "step": 1})
 
-    def full_disk(obj, f):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(runtime.UserError, match="No space left"):
-        runtime.save_checkpoint(str(path), {"step": 2})
+    def full_disk(name, mode="r", *rest, **kwargs):
+        return builtins.open("/dev/full" if str(name).endswith(".tmp") else name, mode, *rest, **kwargs)
+    monkeypatch.setattr(runtime, "open", full_disk, raising=False)
+    with pytest.raises(runtime.UserError, match=r"could not write .*ckpt.pt \(No space left on device\)") as error:
+        runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(1000)}, "step": 2})
+    print(error.value)
     monkeypatch.undo()
-    assert torch.load(path, weights_only=True) == {"step": 1} and os.listdir(tmp_path) == ["ckpt.pt"]
+    assert runtime.read_checked(str(path))["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
 def test_a_table_written_over_a_folder_is_a_one_line_error(tmp_path):
