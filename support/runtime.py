@@ -38,7 +38,8 @@ class Interrupted(Exception):
 
 
 def run_main(main):
-    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback."""
+    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback, and so does Ctrl-C
+    (exit status 130, as for SIGINT)."""
     try:
         main()
     except UserError as error:
@@ -46,6 +47,9 @@ def run_main(main):
         sys.exit(2)
     except Interrupted as message:
         print(message, file=sys.stderr)
+        sys.exit(130)
+    except KeyboardInterrupt:  # Ctrl-C where nothing is left to save (generation, decoding, a second Ctrl-C)
+        print("\nstopped by Ctrl-C", file=sys.stderr)
         sys.exit(130)
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again

@@ -252,7 +252,7 @@ class CtrlC:
 
     def handle(self, signum, frame):
         if self.flag:
-            raise KeyboardInterrupt
+            raise Interrupted("Ctrl-C again: stopped at once, without saving; the last checkpoint saved is kept")
         self.flag = True
         tqdm.write("Ctrl-C: saving after this step (press it again to quit without saving)")
 

@@ -402,6 +402,35 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(run_here, tmp_path, corpus):
     assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
 
 
+def test_a_second_ctrl_c_stops_at_once_in_one_line(capsys):
+    """The first Ctrl-C asks for a save after the step; a second one, before it comes, stops at once: one line on
+    stderr and exit status 130, not a KeyboardInterrupt traceback."""
+    def press_twice():
+        with training.CtrlC() as ctrl_c:
+            ctrl_c.handle(signal.SIGINT, None)
+            ctrl_c.handle(signal.SIGINT, None)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run_main(press_twice)
+    err = capsys.readouterr().err
+    print(err)
+    assert exit_info.value.code == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "Ctrl-C again: stopped at once, without saving; the last checkpoint saved " \
+                                           "is kept"
+
+
+def test_ctrl_c_during_generation_stops_in_one_line(trained, tmp_path):
+    tmp, _ = trained
+    generating = subprocess.Popen([sys.executable, os.path.join(ROOT, "generate.py"), "--ckpt",
+                                   "out/tiny-t2r-random/model.pt", "--num_tokens", "100000000"], cwd=tmp,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+    generating.stdout.readline()  # the line that says what generates: the loop has begun
+    generating.send_signal(signal.SIGINT)
+    _, err = generating.communicate(timeout=60)
+    print(err)
+    assert generating.returncode == 130 and err.strip() == "stopped by Ctrl-C"
+
+
 def test_a_loss_that_turns_nan_stops_without_saving(run_here, tmp_path, corpus):
     result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "20", "--lr", "1e30", "--grad_clip",
                       "0", "--out_dir", "r", cwd=tmp_path)
