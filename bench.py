@@ -23,6 +23,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 
@@ -163,6 +164,11 @@ def check_selection(args, parser, named_sections: list):
                      + "; ".join(f"{s}: {', '.join(filtered[s])}" for s in sections) + ")")
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         parser.error(f"--out_dir {args.out_dir} is a file: pass a folder")
+    try:  # found now, not after an hour of measuring
+        os.makedirs(args.out_dir, exist_ok=True)
+        tempfile.TemporaryFile(dir=args.out_dir).close()
+    except OSError as error:
+        parser.error(f"--out_dir {args.out_dir} cannot be written ({error.strerror}): pass a writable folder")
 
 
 # -----------------------------------------------------------------------------

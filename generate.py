@@ -109,10 +109,11 @@ def load_tokenizer(checkpoint):
     try:
         return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
                             vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
-                            cache_dir=saved.get("cache_dir", "data/cache"))
+                            cache_dir=saved.get("cache_dir", "data/cache"), build=False)
     except data.DataError as error:
-        raise UserError(f"cannot rebuild the checkpoint's tokenizer from its training data ({error}); a relative "
-                        f"path is read from the folder generate.py runs in: run it where the model was trained")
+        raise UserError(f"cannot read the checkpoint's tokenizer from the token cache its training wrote ({error}); "
+                        f"relative paths are read from the folder generate.py runs in: run it where the model was "
+                        f"trained") from None
 
 
 def check_positions(config, prompt_length: int, args):

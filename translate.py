@@ -178,7 +178,8 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
     out = [""] * len(sentences)
     starts = range(0, len(order), args.decode_batch_size)
-    for start in tqdm(starts, desc="translate", disable=not progress, dynamic_ncols=True, mininterval=2):
+    bar = progress and sys.stderr.isatty()  # as the trainers' bars: a redirected log gets no bar lines
+    for start in tqdm(starts, desc="translate", disable=not bar, dynamic_ncols=True, mininterval=2):
         chunk = order[start: start + args.decode_batch_size]
         src = mt_data.pad([ids[i] for i in chunk]).to(device)
         if args.beam == 1:

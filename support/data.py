@@ -77,7 +77,7 @@ def load_corpus(dataset: str, data_dir: str | None = None) -> dict[str, str]:
     return {split: "".join(_chunks(source)) for split, source in sources.items()}
 
 
-def _sources(dataset: str, data_dir: str | None) -> tuple[str, dict[str, str | Path]]:
+def _sources(dataset: str, data_dir: str | None, download: bool = True) -> tuple[str, dict[str, str | Path]]:
     """A short name for the cache folder, and each split as text (PTB) or as a file path."""
     if dataset == "ptb":
         return "ptb", _ptb_texts()
@@ -85,6 +85,8 @@ def _sources(dataset: str, data_dir: str | None) -> tuple[str, dict[str, str | P
         folder = Path(data_dir or WIKITEXT103_DIR)
         files = {split: folder / f"wiki.{split}.tokens" for split in SPLITS}
         if not all(path.is_file() for path in files.values()):
+            if not download:
+                raise DataError(f"WikiText-103 is not in {folder}")
             download_wikitext103(folder)
         return "wikitext103", {split: _checked_file(path) for split, path in files.items()}
     folder = Path(data_dir or dataset)
@@ -313,12 +315,13 @@ class LMData:
 
 
 def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
-            cache_dir: str = "data/cache") -> LMData:
-    """Token ids of every split, from the cache when it matches the corpus and settings, else built."""
+            cache_dir: str = "data/cache", build: bool = True) -> LMData:
+    """Token ids of every split, from the cache when it matches the corpus and settings, else built (build=False,
+    for a model's readers: an error instead, and no download)."""
     if tokenizer not in ("word", "bpe") and not os.path.isfile(tokenizer):
         raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe, or the path of a pretrained tokenizer.json")
     vocab_size = (vocab_size or DEFAULT_BPE_VOCAB) if tokenizer == "bpe" else None
-    name, sources = _sources(dataset, data_dir)
+    name, sources = _sources(dataset, data_dir, download=build)
     short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
     folder = Path(cache_dir) / f"{name}-{short}{vocab_size or ''}"
     # What the cache must have been built from: a changed corpus, or pipeline, means a rebuild.
@@ -327,6 +330,8 @@ def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", 
     lm, why = _load_cache(folder, expected)
     if lm is not None:
         return lm
+    if not build:
+        raise DataError(f"there is no token cache of {dataset} in {folder} ({why or 'none was built here'})")
     try:
         with _exclusive(folder):
             lm, why = _load_cache(folder, expected)  # another process may have built it while we waited

@@ -232,6 +232,13 @@ def test_bad_input_is_a_one_line_error(run_here, flags, fragment, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(run_here, tmp_path):
+    (tmp_path / "taken").write_text("")  # a file where the folder's parent should be (root may write anywhere else)
+    result = run_here("bench.py", "--quick", "--out_dir", "taken/bench", cwd=tmp_path)
+    assert_one_line_error(result, "--out_dir taken/bench cannot be written (Not a directory)")
+    assert "bench:" not in result.stdout  # nothing measured
+
+
 def test_an_out_dir_that_is_a_file_is_refused_before_any_work(run_here, tmp_path):
     (tmp_path / "taken").write_text("")
     assert_one_line_error(run_here("bench.py", "--quick", "--out_dir", "taken", cwd=tmp_path), "is a file")

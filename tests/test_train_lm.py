@@ -247,16 +247,25 @@ def test_generate_refuses(run_here, trained, argv, message):
     assert_one_line_error(run_here("generate.py", *argv, cwd=tmp), message)
 
 
-def test_generate_by_default_samples_what_train_lm_init_pretrained_writes(run_here, trained, tmp_path):
+def test_generate_by_default_samples_what_train_lm_init_pretrained_writes(run_here, trained):
     """The README's `python train_lm.py --init pretrained && python generate.py`: generate.py's default --ckpt is the
     model.pt in the default run's folder (here a tiny run copied there)."""
     tmp, _ = trained
     default_run = train_lm.get_args(["--init", "pretrained"]).out_dir
     assert os.path.dirname(generate.get_args([]).ckpt) == default_run
-    shutil.copytree(tmp / "out/tiny-t2r-random", tmp_path / default_run)
-    result = run_here("generate.py", "--num_tokens", "5", "--temperature", "0", cwd=tmp_path)
+    shutil.copytree(tmp / "out/tiny-t2r-random", tmp / default_run)  # where the run trained: its token cache is there
+    result = run_here("generate.py", "--num_tokens", "5", "--temperature", "0", cwd=tmp)
     assert result.returncode == 0, result.stderr
     assert f"{default_run}/model.pt" in result.stdout and "t2r.py's step" in result.stdout
+
+
+def test_generate_elsewhere_builds_no_token_cache_there(run_here, trained, tmp_path):
+    """The tokenizer is read from the token cache the training wrote (data/cache, relative to where it ran): run from
+    another folder, generate.py says so in one line, and leaves no data/cache behind (it used to build one)."""
+    tmp, _ = trained
+    result = run_here("generate.py", "--ckpt", str(tmp / "out/tiny-t2r-random/model.pt"), cwd=tmp_path)
+    assert_one_line_error(result, "there is no token cache of", "run it where the model was trained")
+    assert not (tmp_path / "data").exists()
 
 
 def test_generate_decodes_a_softmax_model_with_its_kv_cache(run_here, trained):

@@ -430,3 +430,11 @@ def test_a_finished_run_without_its_snapshots_is_a_one_line_error(run_here, trai
         path.unlink()
     result = run_here("train_mt.py", "--resume", "--out_dir", "r", cwd=tmp_path)
     assert_one_line_error(result, "r has no snapshot_*.pt left to average into model.pt")
+
+
+def test_a_redirected_log_gets_no_progress_bar_lines(trained_translator, tmp_path):
+    """Like the trainers' bars, the BLEU pass's is drawn on a terminal only: stderr here is a file."""
+    tmp, _, _ = trained_translator
+    shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
+    out = train_mt("--eval_only", "--out_dir", str(tmp_path / "r"), cwd=tmp)
+    assert "test: BLEU" in out.stdout and "translate:" not in out.stderr, out.stderr
