@@ -48,6 +48,10 @@ def get_args(argv=None):
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
     args = p.parse_args(argv)
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
+        p.error("--prompt is not UTF-8 text: pass it in UTF-8 (e.g. convert with iconv -t utf-8)")
     if args.compile and args.step == "graph":
         p.error("--compile compiles the eager step: it cannot go with --step graph")
     if args.mode == "recompute" and (args.step != "auto" or args.compile):

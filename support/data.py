@@ -379,8 +379,8 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
                 np.asarray(ids, dtype=dtype).tofile(f)
                 n_tokens, n_words = n_tokens + len(ids), n_words + words
         meta["tokens"][split], meta["words"][split] = n_tokens, n_words
-    with atomic_write(folder / "tokenizer.json") as tmp:
-        tokenizer.save(tmp)
+    with atomic_write(folder / "tokenizer.json") as tmp:  # Python writes it: a full disk is an OSError, with errno
+        Path(tmp).write_text(tokenizer.to_str(pretty=True))
     meta["tokenizer_sha1"] = hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest()
     with atomic_write(folder / "meta.json") as tmp:
         Path(tmp).write_text(json.dumps(meta, indent=1))

@@ -99,6 +99,12 @@ def read_config(folder: str) -> Config:
 
 def gpt2_config(settings: dict, where: str) -> Config:
     """Our Config of the settings of a GPT-2 config.json, refusing any that would compute something else."""
+    if not isinstance(settings, dict):
+        raise UserError(f"{where} holds a JSON {type(settings).__name__}, not an object of settings: it is damaged")
+    sizes = {key: settings.get(key) for key in ("vocab_size", "n_layer", "n_head", "n_embd", "n_positions")}
+    wrong = next((key for key, value in sizes.items() if type(value) is not int or value < 1), None)  # true is no int
+    if wrong and wrong in settings:
+        raise UserError(f"{where} has {wrong}={settings[wrong]!r}: a GPT-2 size is a positive whole number")
     get = settings.get
     if get("model_type") != "gpt2":
         raise UserError(f"{where} describes a {get('model_type')!r} model: only GPT-2 (model_type gpt2) converts")

@@ -9,7 +9,6 @@ import os
 import sys
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
 
 from support.configs import feature_sizes
@@ -300,11 +299,7 @@ def load_teacher(args, what: str) -> dict:
     if checkpoint.get("step", 0) < checkpoint.get("max_steps", 0):
         raise UserError(f"{args.pretrained} stopped at step {checkpoint['step']} of {checkpoint['max_steps']}: "
                         f"finish it with --resume --out_dir {os.path.dirname(args.pretrained)}")
-    bad = [name for name, tensor in checkpoint["model"].items()
-           if torch.is_tensor(tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all()]
-    if bad:
-        raise UserError(f"{args.pretrained} has NaN or inf weights ({bad[0]}{' and more' if bad[1:] else ''}): "
-                        f"it cannot be converted; retrain the teacher")
+    read_results(teacher_results_file(args))  # its row of the final table: a damaged one is found before any work
     return checkpoint
 
 
@@ -333,7 +328,14 @@ def model_name(args) -> str:
 
 
 def read_results(path: str):
-    if os.path.isfile(path):
+    """A results.json or args.json (None if there is none), or a one-line error if it cannot be read."""
+    if not os.path.isfile(path):
+        return None
+    try:
         with open(path) as f:
-            return json.load(f)
-    return None
+            results = json.load(f)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path} is unreadable ({type(error).__name__}): restore it, or delete it") from None
+    if not isinstance(results, dict):
+        raise UserError(f"{path} holds a JSON {type(results).__name__}, not an object: restore it, or delete it")
+    return results

@@ -4,6 +4,7 @@ never the network) and the batches. CPU, a few seconds.
     python -m pytest -q -s tests/test_data.py
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -174,6 +175,24 @@ def test_a_byte_order_mark_is_not_glued_to_the_first_word(tmp_path):
     open(train, "w", encoding="utf-8").write("\ufeff" + text)  # as Windows editors save UTF-8
     lm = data.prepare(corpus, cache_dir=str(tmp_path / "cache"))
     assert lm.vocab_size == 2 + 8 and lm.decode(lm.train[:3]) == "the cat sat"
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
+def test_a_full_disk_while_the_cache_is_written_is_a_one_line_error(tmp_path, monkeypatch):
+    """tokenizer.json goes to /dev/full, as to a full disk: "No space left on device" in one line (the tokenizers
+    library's own save raised a bare Exception)."""
+    atomic_write = data.atomic_write
+
+    @contextlib.contextmanager
+    def full_for_the_tokenizer(path):
+        if str(path).endswith("tokenizer.json"):
+            yield "/dev/full"
+        else:
+            with atomic_write(path) as tmp:
+                yield tmp
+    monkeypatch.setattr(data, "atomic_write", full_for_the_tokenizer)
+    with pytest.raises(data.DataError, match="cannot write the token cache .* \\(No space left on device\\)"):
+        data.prepare(write_corpus(tmp_path / "tiny"), cache_dir=str(tmp_path / "cache"))
+
 
 def test_wikitext_file_names_are_accepted(tmp_path):
     wiki_style = write_corpus(tmp_path / "wiki", names=("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"))

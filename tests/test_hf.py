@@ -249,8 +249,9 @@ def nan(tensors):
     (None, {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06"),
     (None, {"n_head": 5}, "not a usable GPT-2 config"),
     (nan, None, "holds NaN or inf weights (transformer.h.1.mlp.c_proj.weight)"),
+    (None, {"n_head": True}, "has n_head=True: a GPT-2 size is a positive whole number"),
 ], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "llama", "layer-scaled attention",
-        "another epsilon", "heads that do not divide", "nan weights"])
+        "another epsilon", "heads that do not divide", "nan weights", "a true head count"])
 def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path, capsys, change_tensors,
                                                             change_config, message):
     folder = variant(tiny_gpt2, tmp_path, change_tensors=change_tensors, change_config=change_config)
@@ -260,6 +261,13 @@ def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path,
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert message in err, err
     print(err.strip())
+
+
+def test_a_config_that_is_no_json_object_is_a_one_line_error(tiny_gpt2, tmp_path):
+    folder = variant(tiny_gpt2, tmp_path)
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(runtime.UserError, match="config.json holds a JSON list, not an object of settings"):
+        hf.read_config(folder)
 
 
 def test_an_unreachable_hub_is_a_one_line_error_that_says_what_to_do(tmp_path, corpus, monkeypatch):

@@ -512,6 +512,26 @@ def test_a_model_with_nan_weights_does_not_generate(run_here, trained, tmp_path)
     assert_one_line_error(result, "holds NaN or inf weights (embed.tok.weight)")
 
 
+def test_a_teachers_unreadable_results_are_found_before_the_student_trains(run_here, trained, tmp_path):
+    """The final table shows the teacher's row from its results.json: a damaged one is a one-line error before any
+    work (it was a traceback after the student had trained)."""
+    tmp, corpus = trained
+    shutil.copytree(tmp / "out/tiny-softmax-random", tmp_path / "teacher")
+    (tmp_path / "teacher/results.json").write_text("{")
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained",
+                      "teacher/model.pt", "--max_steps", "2", "--out_dir", "student", cwd=tmp_path)
+    assert_one_line_error(result, "teacher/results.json is unreadable (JSONDecodeError)")
+    assert not (tmp_path / "student/ckpt.pt").exists()
+
+
+def test_a_checkpoint_whose_args_are_no_dict_is_refused(run_here, trained, tmp_path):
+    tmp, _ = trained
+    checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
+    checkpoint["args"] = ["--dataset", "tiny"]  # hand-made
+    torch.save(checkpoint, tmp_path / "model.pt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path), "its args, is not a dict")
+
+
 @pytest.mark.parametrize("config", [{"n_head": 0}, "a string"])
 def test_a_hand_made_checkpoint_with_a_bad_config_is_refused(run_here, tmp_path, config):
     if isinstance(config, dict):
