@@ -142,6 +142,8 @@ def get_args(argv=None):
     for name in args.models:
         if name not in GEN_MODELS:
             p.error(f"unknown model {name!r} in --models: choose among {', '.join(GEN_MODELS)}")
+    if args.threads > (os.cpu_count() or 1):
+        p.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPU cores; pass at most that")
     if args.vocab_size < 2:
         p.error("--vocab_size must be at least 2")
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 
 from support import data
 from support.run_files import check_identity
-from support.runtime import (Parser, UserError, decoding_kernels, device_name, get_device, load_checkpoint,
+from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
 from t2r import LinearAttention, T2RFeatureMap, fold, is_folded, state_bytes
 from train_lm import data_identity
@@ -60,8 +60,8 @@ def get_args(argv=None):
 
 
 def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
-    """logits (B, V) -> next tokens (B,). Temperature 0 is argmax."""
-    if temperature == 0:
+    """logits (B, V) -> next tokens (B,). Temperature 0, or one that float32 cannot tell from 0, is argmax."""
+    if temperature < torch.finfo(torch.float32).tiny:  # 1e-300 is 0 in float32: the division would give NaN
         return logits.argmax(-1)
     logits = logits.float()
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature  # <= 0 first: a tiny temperature cannot overflow
@@ -127,6 +127,19 @@ def check_positions(config, prompt_length: int, args):
         room = f"use --num_tokens {limit + 1 - prompt_length} at most" if prompt_length <= limit else "shorten --prompt"
         raise UserError(f"the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run past the {limit} "
                         f"positions {args.ckpt} has learned: {room}")
+
+
+def check_generation_fits(model, args, device, prompt_length: int):
+    """What generation holds, refused in one line where it cannot fit. Each sample: its state at the last token (a KV
+    cache grows, and doubles when full) and a step's logits with sampling's copies (3 x 4 bytes a word); with several
+    samples the tokens kept to print them (8 bytes each), with --check every step's logits too."""
+    c, element = model.config, next(model.parameters()).element_size()
+    length = prompt_length + args.num_tokens
+    kv_layers = sum(kind == "softmax" for kind in c.layer_kinds()) if hasattr(c, "layer_kinds") else 0
+    state = state_bytes(model.init_state(1)) + kv_layers * 2 * 2 * length * c.d_model * element
+    kept = (8 + 4 * c.vocab_size * args.check) * args.num_tokens if args.num_samples > 1 or args.check else 0
+    check_fits(args.num_samples * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} "
+               f"of --num_tokens {args.num_tokens}", "lower --num_samples or --num_tokens")
 
 
 def print_state_size(model, state, batch_size: int, length: int):
@@ -274,6 +287,7 @@ def main():
     if not ids:
         raise UserError("--prompt is empty: give at least one word to continue")
     check_positions(model.config, len(ids), args)
+    check_generation_fits(model, args, device, len(ids))
     prompt = torch.tensor([ids] * args.num_samples, device=device)
     generator = torch.Generator(device=device).manual_seed(args.seed)
 

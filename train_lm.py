@@ -27,8 +27,9 @@ from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.configs import KEEP_SOFTMAX_FROM, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
+                         check_training_fits,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
-                         new_model, processes, resolve_run_flags, run)
+                         meta_twin, new_model, processes, resolve_run_flags, run)
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
@@ -181,17 +182,21 @@ def make_model(task, checkpoint: dict | None):
         model = model_from_checkpoint(checkpoint, args.out_dir)
     elif args.init == "pretrained":  # section 2.2: swap a trained softmax model's attention, then finetune
         teacher = for_finetuning(load_lm_teacher(args, task), args)
+
+        def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
+            return t if args.attn == "softmax" else convert(t, args.attn, args.feature_size, window=args.window,
+                                                             keep_softmax_every=args.keep_softmax_every,
+                                                             keep_softmax_from=args.keep_softmax_from)
         try:
-            model = teacher if args.attn == "softmax" else convert(
-                teacher, args.attn, args.feature_size, window=args.window, keep_softmax_every=args.keep_softmax_every,
-                keep_softmax_from=args.keep_softmax_from)
+            check_training_fits(task, lambda: student(meta_twin(teacher)))
+            model = student(teacher)
         except ValueError as error:  # what the teacher alone can refuse, e.g. --keep_softmax_every past its layers
             raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
         announce_conversion(model, args)
     elif args.arch == "sru++":  # SRU++ (sru.py), from random initialisation
-        model = new_model(SRUppLM, sru_config, args, task.data.vocab_size)
+        model = new_model(task, SRUppLM, sru_config, task.data.vocab_size)
     else:  # a transformer from random initialisation: softmax, or T2R from scratch
-        model = new_model(TransformerLM, model_config, args, task.data.vocab_size)
+        model = new_model(task, TransformerLM, model_config, task.data.vocab_size)
     for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
         p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
     return model
@@ -202,6 +207,10 @@ def make_model(task, checkpoint: dict | None):
 
 class LMTask(Task):
     SCHEDULES = SCHEDULES
+    BATCH_FLAGS = "--batch_size or --block_size"
+
+    def tokens_per_step(self):  # of one micro-batch: --grad_accum's run one after another
+        return self.args.batch_size * self.args.block_size
 
     def __init__(self, args, ddp):
         super().__init__(args, ddp)

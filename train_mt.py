@@ -24,15 +24,15 @@ from generate import inference_model
 from support import mt_data
 from support.configs import feature_sizes
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
-                         apply_preset, check_teacher, for_finetuning, load_teacher, model_name, new_model,
-                         processes, resolve_run_flags, run)
+                         apply_preset, check_teacher, check_training_fits, for_finetuning, load_teacher,
+                         meta_twin, model_name, new_model, processes, resolve_run_flags, run)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, read_checked, run_main,
                              save_checkpoint)
 from support.training import Task, get_lr_inverse_sqrt
 from t2r import Config, Seq2SeqTransformer, convert
-from translate import add_decoding_flags, evaluate_bleu
+from translate import add_decoding_flags, check_decoding_fits, evaluate_bleu
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
 # and the number of updates (30K -> 20K), with the same inverse square-root warmup.
@@ -102,6 +102,10 @@ def model_config(args, vocab_size: int) -> Config:
 
 class MTTask(Task):
     SCHEDULES = SCHEDULES
+    BATCH_FLAGS = "--max_tokens"
+
+    def tokens_per_step(self):  # a batch of at most --max_tokens on each side, source and target
+        return 2 * self.args.max_tokens
 
     def load_data(self, checkpoint):
         """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: its checkpoint is read and
@@ -115,6 +119,7 @@ class MTTask(Task):
             self.teacher = load_translator_teacher(args)
             tokenizer_text = self.teacher["tokenizer"]
         self.corpus, self.tokenizer, self.train_examples, valid = load_data(args, tokenizer_text)
+        check_decoding_fits(self.tokenizer.get_vocab_size(), args, self.device)  # the BLEU pass, found before training
         self.train_batches = mt_data.make_batches(self.train_examples, args.max_tokens)
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
         print(f"{len(self.train_batches)} training batches of <= {args.max_tokens} tokens")
@@ -214,11 +219,15 @@ def make_model(task, checkpoint: dict | None):
     if args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
         teacher = for_finetuning(model_from_checkpoint(task.teacher, args.pretrained), args)
         del task.teacher  # the checkpoint's tensors: not kept through the training
-        model = teacher if args.attn == "softmax" else convert(
-            teacher, args.attn, args.feature_size, window=args.window, cross_feature_size=args.cross_feature_size)
+
+        def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
+            return t if args.attn == "softmax" else convert(t, args.attn, args.feature_size, window=args.window,
+                                                             cross_feature_size=args.cross_feature_size)
+        check_training_fits(task, lambda: student(meta_twin(teacher)))
+        model = student(teacher)
         announce_conversion(model, args)
         return model
-    return new_model(Seq2SeqTransformer, model_config, args, task.tokenizer.get_vocab_size())  # random initialisation
+    return new_model(task, Seq2SeqTransformer, model_config, task.tokenizer.get_vocab_size())  # random initialisation
 
 
 def load_translator_teacher(args):

@@ -24,8 +24,9 @@ from generate import compile_step, inference_model
 from support import mt_data
 from support.data import text_lines
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
-from support.runtime import (Parser, UserError, atomic_write, decoding_kernels, device_name, finite_float, get_device,
-                             load_checkpoint, model_from_checkpoint, non_negative_float, positive_int, run_main)
+from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
+                             get_device, load_checkpoint, model_from_checkpoint, non_negative_float, positive_int,
+                             run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -351,11 +352,20 @@ def read_lines(path: str) -> list:
                         f"e.g. iconv -f latin1 -t utf-8") from None
 
 
+def check_decoding_fits(vocab_size: int, args, device):
+    """--decode_batch_size sentences of --beam hypotheses each take, at the least, a step's logits and their
+    log-softmax and scores (3 x 4 bytes a word of the vocabulary): refused in one line where that cannot fit."""
+    rows = args.decode_batch_size * args.beam
+    check_fits(rows * 3 * 4 * vocab_size, device, f"decoding {args.decode_batch_size} sentences with --beam "
+               f"{args.beam}", "lower --beam or --decode_batch_size")
+
+
 def main():
     """Translations on stdout, one line per input line, and nothing else there (so `> out.txt` is clean)."""
     args = get_args()
     model, tokenizer, _ = load_translator(args.ckpt)
     lines = read_lines(args.input)
+    check_decoding_fits(model.config.vocab_size, args, get_device(args.device, quiet=True))  # before any output
     with contextlib.redirect_stdout(sys.stderr):
         device = get_device(args.device)
     model = inference_model(model.to(device))

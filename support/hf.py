@@ -139,8 +139,9 @@ def read_tensors(folder: str) -> dict:
 def load(folder: str) -> TransformerLM:
     """Our softmax TransformerLM with GPT-2's weights: every tensor of the checkpoint used, or a one-line error."""
     config, tensors = read_config(folder), read_tensors(folder)
-    model = TransformerLM(config)
-    plan = tensor_plan(model)
+    with torch.device("meta"):  # shapes first, no memory: a config.json too large for its tensors is refused here
+        shapes = TransformerLM(config)
+    plan = tensor_plan(shapes)
     used = {theirs for _, theirs, _, _ in plan} | {"lm_head.weight"}
     extra = sorted(name for name in tensors if name not in used and not MASK_BUFFERS.fullmatch(name))
     missing = [theirs for _, theirs, _, _ in plan if theirs not in tensors]
@@ -149,11 +150,12 @@ def load(folder: str) -> TransformerLM:
                         f"which GPT-2 {'has not' if extra else 'has'}: it is another model, or damaged")
     if "lm_head.weight" in tensors and not torch.equal(tensors["lm_head.weight"], tensors["wte.weight"]):
         raise UserError(f"{folder}: lm_head.weight is not wte.weight, and our output layer is tied to the embedding")
-    state, target = {}, model.state_dict()
+    state, target = {}, shapes.state_dict()
     for ours, theirs, third, transposed in plan:
         state[ours] = read(tensors[theirs], third, transposed)
         if state[ours].shape != target[ours].shape:
             raise UserError(f"{folder}: {theirs} has shape {tuple(tensors[theirs].shape)}, not what config.json says")
+    model = TransformerLM(config)  # the size of the tensors read: it fits
     model.load_state_dict({**state, "lm_head.weight": state["embed.tok.weight"]})
     return model
 

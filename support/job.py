@@ -9,14 +9,15 @@ import os
 import sys
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from support.configs import feature_sizes
 from support.hf import is_hf
 from support.run_files import evaluate_finished, open_finished, open_run
-from support.runtime import (UserError, decoding_kernels, device_name, explicit_flags, fraction, load_checkpoint,
-                             non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
-                             serializable, setup_distributed, take_saved_flags)
+from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
+                             load_checkpoint, non_negative_float, non_negative_int, positive_float, positive_int,
+                             print_config, seed, serializable, setup_distributed, take_saved_flags)
 from support.training import train
 from t2r import ATTENTION_KINDS, Config
 
@@ -104,6 +105,8 @@ def resolve_run_flags(args, parser, schedules: dict, warmup_divisor: int, defaul
     args.lr = schedule["lr"] if args.lr is None else args.lr
     if args.warmup_steps is None:
         args.warmup_steps = max(1, args.max_steps // warmup_divisor)
+    if args.lr > torch.finfo(torch.float32).max:  # the optimizer computes in float32: it would be inf
+        parser.error(f"--lr {args.lr:g} is beyond float32's largest number ({torch.finfo(torch.float32).max:.3g})")
     args.out_dir = args.out_dir or default_out_dir(args, args.attn, args.init)
     args.pretrained = args.pretrained or os.path.join(default_out_dir(args, "softmax", "random"), "model.pt")
     check_conversion_flags(args, parser)
@@ -201,13 +204,40 @@ def run(args, ddp, task_class, make_model) -> dict:
     return results
 
 
-def new_model(make, config_of, args, vocab_size: int):
-    """make(config_of(args, vocab_size)): a model from random initialisation, with a one-line error for flags whose
-    Config cannot be (e.g. --d_model not divisible by --n_head)."""
+def new_model(task, make, config_of, vocab_size: int):
+    """make(config_of(args, vocab_size)): a model from random initialisation, once it is known to fit, with a
+    one-line error for flags whose Config cannot be (e.g. --d_model not divisible by --n_head)."""
     try:
-        return make(config_of(args, vocab_size))
+        config = config_of(task.args, vocab_size)
     except ValueError as error:
         raise UserError(f"bad model flags: {error}") from None
+    check_training_fits(task, lambda: make(config))
+    return make(config)
+
+
+def meta_twin(model):
+    """A model of the same class and config on the meta device (call it under torch.device("meta")): what a
+    conversion of it would allocate, without allocating it."""
+    return type(model)(model.config)
+
+
+def check_training_fits(task, make):
+    """Refuse in one line, before anything is allocated, a run whose model (make() on the meta device: its shapes,
+    no memory) cannot train in the memory free on the device: 16 bytes a parameter (weights, gradients, Adam's two
+    moments) and, at the least, the activations the backward pass keeps for each token of a step."""
+    with torch.device("meta"):
+        model = make()
+    c = model.config
+    params = sum(p.numel() for p in model.parameters())
+    layers = c.n_layer + getattr(c, "n_encoder_layer", 0)
+    per_token = layers * (12 * c.d_model + 2 * getattr(c, "d_ff", 4 * c.d_model)) + 2 * c.vocab_size
+    element = 2 if task.dtype in (torch.bfloat16, torch.float16) else 4
+    weights, activations = 16 * params, element * task.tokens_per_step() * per_token
+    check_fits(weights + activations, task.device, f"training {params:,} parameters on {task.tokens_per_step():,} "
+               f"tokens a step", f"lower {task.BATCH_FLAGS if activations > weights else MODEL_SIZE_FLAGS}")
+
+
+MODEL_SIZE_FLAGS = "--d_model, --d_ff, --n_layer or --feature_size"
 
 
 def needs_teacher(args) -> bool:

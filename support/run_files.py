@@ -58,8 +58,9 @@ def open_run(task) -> dict | None:
                         f"or choose another --out_dir")
     left = [] if args.resume else earlier_outputs(args.out_dir)
     if left:  # e.g. a run killed after its first snapshots, before its first ckpt.pt: not this run's
-        raise UserError(f"{args.out_dir} holds {', '.join(left[:3])}{' ...' if len(left) > 3 else ''} of an earlier run "
-                        f"that cannot be resumed (it has no ckpt.pt): delete them, or choose another --out_dir")
+        shown = ", ".join(left[:3]) + (" ..." if len(left) > 3 else "")
+        raise UserError(f"{args.out_dir} holds {shown} of an earlier run that cannot be resumed (it has no ckpt.pt): "
+                        f"delete them, or choose another --out_dir")
     return load_checkpoint(path) if args.resume else None
 
 

@@ -184,8 +184,8 @@ def decoding_kernels():
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def get_device(requested: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu; says what it chose."""
+def get_device(requested: str = "auto", quiet: bool = False) -> torch.device:
+    """cuda, then mps, then cpu; says what it chose (unless quiet)."""
     if requested == "auto":
         if torch.cuda.is_available():
             requested = "cuda"
@@ -194,6 +194,8 @@ def get_device(requested: str = "auto") -> torch.device:
         else:
             requested = "cpu"
     device = torch.device(requested)
+    if quiet:
+        return device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"device: {device} ({name})")
     return device
@@ -413,6 +415,27 @@ def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
         raise UserError(f"{path} holds a model this code cannot build ({first_line}): it is damaged, hand-made, "
                         f"or from another version") from None
     return model
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on device: the GPU's free memory, else the system's MemAvailable (None
+    where it is unknown: no check)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def check_fits(needed: int, device: torch.device, what: str, fix: str):
+    """Refuse in one line, before it is allocated, what cannot fit: `needed` bytes (an estimate, rather low than
+    high) against the memory free on device."""
+    free = free_memory(device)
+    if free is not None and needed > free:
+        raise UserError(f"{what} would take about {needed / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB "
+                        f"free on this {device.type}: {fix}")
 
 
 def unwrap(model):

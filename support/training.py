@@ -273,7 +273,8 @@ def check_finite(nonfinite, task: Task, p: Progress):
         nonfinite = all_reduce_sum(nonfinite.float(), task.ddp) > 0
     if nonfinite.item():
         raise UserError(f"the training loss became NaN or inf before step {p.step}: stopped without saving, so "
-                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume (or check the data)")
+                        f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume "
+                        f"(or check the data)")
 
 
 def start(task: Task, model, checkpoint: dict | None):

@@ -221,6 +221,7 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     ("--only capacity --device cpu", "found on a CUDA device"),
     ("--capacity_length 0", "--capacity_length must be at least 1"),
     ("--vocab_size 1", "--vocab_size must be at least 2"),
+    ("--threads 99999999999", "--threads 99999999999: this machine has"),
     ("--dtype float16", "invalid choice: 'float16'"),
     ("--threads -1", "--threads: -1 is not an integer >= 0"),
     ("--seed 18446744073709551616", "is not a seed from 0 to 2**63 - 1"),

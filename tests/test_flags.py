@@ -35,6 +35,7 @@ GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, 
     ("train_lm.py", "--vocab_size 500", "add --tokenizer bpe"),
     ("train_lm.py", "--tokenizer bpe --vocab_size 10", "at least 257 tokens"),
     ("train_lm.py", "--seed 100000000000000000000000", "is not a seed from 0 to 2**63 - 1"),
+    ("train_lm.py", "--lr 1e39", "--lr 1e+39 is beyond float32's largest number"),
     # the conversion: swap, attention transfer, window, kept softmax layers
     ("train_lm.py", "--window -1", "--window"),
     ("train_lm.py", "--transfer_steps 5", "add --init pretrained"),

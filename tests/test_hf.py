@@ -250,8 +250,9 @@ def nan(tensors):
     (None, {"n_head": 5}, "not a usable GPT-2 config"),
     (nan, None, "holds NaN or inf weights (transformer.h.1.mlp.c_proj.weight)"),
     (None, {"n_head": True}, "has n_head=True: a GPT-2 size is a positive whole number"),
+    (None, {"n_embd": 200000, "n_head": 4}, "wte.weight has shape (288, 64), not what config.json"),  # none allocated
 ], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "llama", "layer-scaled attention",
-        "another epsilon", "heads that do not divide", "nan weights", "a true head count"])
+        "another epsilon", "heads that do not divide", "nan weights", "a true head count", "a config too wide"])
 def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path, capsys, change_tensors,
                                                             change_config, message):
     folder = variant(tiny_gpt2, tmp_path, change_tensors=change_tensors, change_config=change_config)

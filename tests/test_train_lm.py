@@ -202,10 +202,32 @@ def test_cuda_on_a_machine_without_it_is_refused(capsys):
     assert "no such CUDA device" in capsys.readouterr().err
 
 
-def test_sampling_at_a_tiny_temperature_is_argmax():
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])  # 30 / 1e-40 overflows float32; 1e-300 is 0 in float32
+def test_sampling_at_a_tiny_temperature_is_argmax(temperature):
     logits = torch.randn(4, 50) * 30
-    picked = generate.sample(logits, 1e-40, 0, torch.Generator().manual_seed(0))  # 30 / 1e-40 overflows float32
+    picked = generate.sample(logits, temperature, 0, torch.Generator().manual_seed(0))
     assert torch.equal(picked, logits.argmax(-1))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch_size", "100000000"], "on 3,200,000,000 tokens a step would take about"),
+    (["--d_model", "1000000", "--n_head", "1"], "lower --d_model, --d_ff, --n_layer or --feature_size"),
+    (["--init", "pretrained", "--pretrained", "out/tiny-softmax-random/model.pt", "--feature_size", "100000000"],
+     "lower --d_model, --d_ff, --n_layer or --feature_size"),  # the conversion, tried on the meta device
+])
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_it_allocates(run_here, trained, tmp_path, flags, message):
+    """The model (built on the meta device: shapes, no memory), its gradients and Adam state and a step's activations
+    against the memory free here (24 GiB on the 2-core CI machine): each used to fail minutes later, or be killed."""
+    tmp, corpus = trained
+    result = run_here("train_lm.py", "--dataset", corpus, *TINY, *flags, "--out_dir", tmp_path / "r", cwd=tmp)
+    assert_one_line_error(result, message, "GiB free on this cpu")
+    assert not (tmp_path / "r/ckpt.pt").exists()
+
+
+def test_too_many_samples_to_fit_are_refused_before_they_are_allocated(run_here, trained):
+    tmp, _ = trained
+    result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--num_samples", "1000000000", cwd=tmp)
+    assert_one_line_error(result, "--num_samples 1000000000 of --num_tokens 100 would take about", "lower --num_samples")
 
 
 def test_a_teachers_adaptive_cutoffs_are_not_overridden(run_here, trained, tmp_path):

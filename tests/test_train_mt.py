@@ -438,3 +438,11 @@ def test_a_redirected_log_gets_no_progress_bar_lines(trained_translator, tmp_pat
     shutil.copytree(tmp / "out/mt-toy-en-de-t2r-pretrained", tmp_path / "r")
     out = train_mt("--eval_only", "--out_dir", str(tmp_path / "r"), cwd=tmp)
     assert "test: BLEU" in out.stdout and "translate:" not in out.stderr, out.stderr
+
+
+def test_a_bleu_pass_too_wide_to_fit_is_refused_before_training(run_here, trained_translator, tmp_path):
+    tmp, corpus, _ = trained_translator
+    result = run_here("train_mt.py", "--dataset", corpus, *MT_TINY, "--max_steps", "2", "--beam", "100000000",
+                      "--out_dir", "r", cwd=tmp_path)
+    assert_one_line_error(result, "with --beam 100000000 would take about")
+    assert not (tmp_path / "r/ckpt.pt").exists()

@@ -182,3 +182,10 @@ def test_one_output_line_per_input_line_whatever_the_line_holds(trained_translat
     lines = ["w1\x0cw2 w3", "w4\u2028w5\x85w6"]
     out = run_here("translate.py", "--ckpt", STUDENT, "--beam", "1", cwd=tmp, stdin="\n".join(lines) + "\n")
     assert out.stdout.split("\n")[:-1] == translations_in_process(tmp / STUDENT, lines, "--beam", "1")
+
+
+def test_a_beam_too_wide_to_fit_is_refused_before_decoding(trained_translator, run_here):
+    tmp, _, _ = trained_translator
+    result = run_here("translate.py", "--ckpt", STUDENT, "--beam", "100000000", cwd=tmp, stdin="w1 w2\n")
+    assert_one_line_error(result, "decoding 64 sentences with --beam 100000000 would take about",
+                          "lower --beam or --decode_batch_size")
