@@ -1,0 +1,273 @@
+"""
+What a fixed-size state forgets, where it can be seen: multi-query associative recall (MQAR; Arora et al., 2023,
+"Zoology"). A sequence lists N key-value pairs, then asks for the keys again at random later positions; the model
+must answer each with its value. Softmax attention looks the key up in its KV cache; a T2R state (S, z) of k x d
+numbers a head must hold all N pairs at once.
+
+    python -m experiments.mqar               # the experiment, about an hour on 2 CPU cores; rerun to continue
+    python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
+    python -m experiments.mqar --dry_run     # the runs, and what each trains
+
+The runs, each a run folder in --out_dir trained by support/training.py's loop (exact resume, one run per folder):
+the softmax teacher; its conversions to T2R at k = 8, 16, 32, 64 (section 2.2), also after attention transfer and with
+a sliding softmax window (after_t2r.py); T2R and SRU++ trained from scratch for the teacher's budget. Every model is
+scored on the same fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv,
+results/mqar.png.
+
+The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
+(Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
+there would read as one more pair).
+"""
+
+import argparse
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import train_lm
+from support.run_files import open_run
+from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
+                             write_csv)
+from support.training import Task, get_lr, train
+from sru import SRUConfig, SRUppLM
+from t2r import Config, TransformerLM, convert, state_bytes
+
+PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for once
+VOCAB = 256  # keys from 0..127, values from 128..255
+COLUMNS = ["model", "pairs", "length", "accuracy", "state_bytes", "steps", "train_minutes"]
+
+
+def length_for(pairs: int) -> int:
+    """The sequence length at N pairs: room for the pairs and as many queries among random tokens (64 to 256)."""
+    return max(64, 4 * pairs)
+
+
+def mqar_batch(batch: int, pairs: int, generator: torch.Generator, vocab: int = VOCAB) -> tuple:
+    """(x, y), both (batch, length_for(pairs)): x is k1 v1 ... kN vN, then random values with each key once more at
+    a random position; y holds the key's value at its query (what the model must predict there), -100 elsewhere."""
+    length, half = length_for(pairs), vocab // 2
+    keys = torch.rand(batch, half, generator=generator).argsort(-1)[:, :pairs]  # (B, N) distinct keys
+    values = torch.randint(half, vocab, (batch, pairs), generator=generator)
+    x = torch.randint(half, vocab, (batch, length), generator=generator)  # fillers: values only, never keys
+    x[:, 0 : 2 * pairs : 2], x[:, 1 : 2 * pairs : 2] = keys, values
+    slots = 2 * pairs + torch.rand(batch, length - 2 * pairs, generator=generator).argsort(-1)[:, :pairs]
+    x.scatter_(1, slots, keys)
+    y = torch.full_like(x, -100).scatter_(1, slots, values)
+    return x, y
+
+
+def fixed_sets(count: int, seed: int) -> dict:
+    """{pairs: (x, y)}, the same sequences for every model."""
+    return {n: mqar_batch(count, n, torch.Generator().manual_seed(seed + n)) for n in PAIRS}
+
+
+@torch.no_grad()
+def accuracy(model, x, y, batch_size: int = 64) -> float:
+    """The share of queries whose value is the model's top prediction."""
+    hits = 0
+    for xs, ys in zip(x.split(batch_size), y.split(batch_size)):
+        asked = ys != -100
+        hits += (model(xs).argmax(-1)[asked] == ys[asked]).sum().item()
+    return hits / (y != -100).sum().item()
+
+
+@torch.no_grad()
+def state_sizes(model) -> dict:
+    """{length: bytes of the generation state after that many tokens}, stepping one sequence through."""
+    lengths, sizes = sorted({length_for(n) for n in PAIRS}), {}
+    state = model.init_state(1)
+    for t in range(1, max(lengths) + 1):
+        _, state = model.step(torch.tensor([t % VOCAB]), state)
+        if t in lengths:
+            sizes[t] = state_bytes(state)
+    return sizes
+
+
+# -----------------------------------------------------------------------------
+# The runs
+
+@dataclass
+class Run:
+    name: str
+    arch: str = "transformer"  # or sru++
+    attn: str = "softmax"
+    k: int = 0  # T2R's feature size
+    converted: bool = False  # from the teacher (section 2.2), else from random initialisation
+    transfer: bool = False  # attention transfer before the finetuning
+    window: int = 0  # the sliding softmax window of after_t2r.py
+
+
+def plan(ks=(8, 16, 32, 64), window: int = 16) -> list:
+    runs = [Run("softmax")]
+    for k in ks:
+        runs += [Run(f"t2r{k}", attn="t2r", k=k, converted=True),
+                 Run(f"t2r{k}+transfer", attn="t2r", k=k, converted=True, transfer=True),
+                 Run(f"t2r{k}+window{window}", attn="t2r", k=k, converted=True, window=window)]
+    return runs + [Run("t2r32 from scratch", attn="t2r", k=32), Run("sru++ from scratch", arch="sru++")]
+
+
+SIZES = {"full": dict(d_model=64, n_head=2, n_layer=2, teacher_steps=6000, finetune_steps=1500, transfer_steps=300,
+                      batch_size=32, eval_sequences=256, lr=2e-3),
+         "quick": dict(d_model=16, n_head=2, n_layer=2, teacher_steps=6, finetune_steps=3, transfer_steps=2,
+                       batch_size=4, eval_sequences=8, lr=2e-3)}
+
+
+class MQARTask(Task):
+    """MQAR for the shared training loop: a micro-batch is a function of its counter (the pair counts take turns),
+    so a resumed run sees exactly the batches it would have."""
+
+    def __init__(self, args, ddp, eval_sequences: int):
+        super().__init__(args, ddp)
+        self.valid = fixed_sets(max(8, eval_sequences // 4), seed=1_000_000)
+        self.test = fixed_sets(eval_sequences, seed=2_000_000)
+
+    def load_data(self, checkpoint):
+        pass  # generated: nothing to read
+
+    def identity(self):
+        return {"data": fingerprint(f"mqar {VOCAB} {PAIRS} {[length_for(n) for n in PAIRS]}")}
+
+    def schedule(self, step):
+        a = self.args
+        return get_lr(step, a.lr, a.lr * a.min_lr_ratio, a.warmup_steps, a.max_steps)
+
+    def batch(self, counter):
+        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + counter)
+        x, y = mqar_batch(self.args.batch_size, PAIRS[counter % len(PAIRS)], generator)
+        return (x.to(self.device),), y.to(self.device), None
+
+    def objective(self, logits, y):
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # -100: not a query, not scored
+
+    def validation_loss(self, model):
+        model.eval()
+        with torch.no_grad():
+            losses = [self.objective(model(x.to(self.device)), y.to(self.device)).item() for x, y in self.valid.values()]
+        model.train()
+        return sum(losses) / len(losses)
+
+    def report(self, model, train_seconds):
+        model = model.eval()
+        scores = {n: accuracy(model, x.to(self.device), y.to(self.device)) for n, (x, y) in self.test.items()}
+        print(f"{self.args.out_dir}: accuracy " + ", ".join(f"{n} pairs {a:.3f}" for n, a in scores.items()))
+        return {"accuracy": scores, "state_bytes": state_sizes(model.cpu()), "train_minutes": train_seconds / 60}
+
+
+def run_args(run: Run, size: dict, out_dir: str, resume: bool) -> argparse.Namespace:
+    """train_lm.py's flags for the loop (its checks included), with the run's budget."""
+    steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+    flags = ["--dataset", "mqar", "--out_dir", out_dir, "--max_steps", str(steps), "--batch_size",
+             str(size["batch_size"]), "--lr", str(size["lr"]), "--warmup_steps", str(max(1, steps // 20)),
+             "--dropout", "0", "--eval_interval", str(max(1, steps // 4)), "--log_interval", str(max(1, steps // 10)),
+             "--weight_decay", "0", "--device", "cpu"]
+    if run.converted:
+        flags += ["--init", "pretrained", "--pretrained", "teacher.pt"]  # read by make_model, not by the flags
+    if run.transfer:
+        flags += ["--transfer_steps", str(size["transfer_steps"])]
+    return train_lm.get_args(flags + (["--resume"] if resume else []))
+
+
+def make_model(run: Run, size: dict, checkpoint, teacher_path: str):
+    torch.manual_seed(1337)
+    if checkpoint is not None:
+        return model_from_checkpoint(checkpoint)
+    if run.arch == "sru++":
+        return SRUppLM(SRUConfig(vocab_size=VOCAB, n_layer=size["n_layer"], d_model=size["d_model"], dropout=0.0))
+    if run.converted:
+        teacher = model_from_checkpoint(load_checkpoint(teacher_path, "MQAR teacher"))
+        return convert(teacher, "t2r", run.k, window=run.window)
+    return TransformerLM(Config(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"],
+                                d_model=size["d_model"], d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn,
+                                feature_size=run.k or 32))
+
+
+def train_run(run: Run, size: dict, out_dir: str) -> dict:
+    """The run's results: read if it finished, else trained (resumed where it stopped)."""
+    folder = os.path.join(out_dir, run.name.replace(" ", "-"))
+    results = os.path.join(folder, "results.json")
+    if not os.path.isfile(results):
+        args = run_args(run, size, folder, resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
+        task = MQARTask(args, Distributed(), size["eval_sequences"])
+        checkpoint = open_run(task)
+        train(task, make_model(run, size, checkpoint, os.path.join(out_dir, "softmax", "model.pt")), checkpoint)
+        task.lock.close()
+    with open(results) as f:
+        return json.load(f)
+
+
+def rows_of(run: Run, results: dict, steps: int) -> list:
+    return [dict(model=run.name, pairs=n, length=length_for(n), accuracy=round(results["accuracy"][str(n)], 4),
+                 state_bytes=results["state_bytes"][str(length_for(n))], steps=steps,
+                 train_minutes=round(results["train_minutes"], 2)) for n in PAIRS]
+
+
+def plot(rows: list, footer: str, path: str):
+    """Accuracy against the pairs a sequence holds, one line per model; and at 64 pairs, against the state's bytes."""
+    from experiments.plots import log2_axis, new_figure, save
+    plt, fig, (left, right) = new_figure(2, 11)
+    for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
+        mine = [r for r in rows if r["model"] == model]
+        style = dict(color=f"C{i % 10}", marker="os^v"[i // 10 % 4], label=model)
+        left.plot([r["pairs"] for r in mine], [r["accuracy"] for r in mine], **style)
+        last = mine[-1]
+        right.scatter([last["state_bytes"]], [last["accuracy"]], color=style["color"], marker=style["marker"])
+        right.annotate(model, (last["state_bytes"], last["accuracy"]), fontsize=6)
+    log2_axis(left, list(PAIRS), "key-value pairs in the sequence")
+    left.set_ylabel("recall accuracy")
+    left.set_title("MQAR: accuracy against the pairs to hold")
+    left.legend(fontsize=6, ncol=2)
+    right.set_xscale("log")
+    right.set_xlabel(f"state bytes after {length_for(PAIRS[-1])} tokens (batch 1)")
+    right.set_title(f"at {PAIRS[-1]} pairs: accuracy against the state's size")
+    save(plt, fig, footer, path)
+
+
+def get_args(argv=None):
+    p = Parser(prog="python -m experiments.mqar", description="Multi-query associative recall: what conversion keeps.")
+    p.add_argument("--out_dir", default=None, help="the runs' folders (default out/mqar; --quick: out/mqar-quick)")
+    p.add_argument("--csv", default=None, help="the table (default results/mqar.csv; --quick: in --out_dir)")
+    p.add_argument("--quick", action="store_true", help="tiny models and a few steps: a smoke run of every model")
+    p.add_argument("--dry_run", action="store_true", help="print the runs and their budgets, train nothing")
+    args = p.parse_args(argv)
+    args.out_dir = args.out_dir or ("out/mqar-quick" if args.quick else "out/mqar")
+    args.csv = args.csv or (os.path.join(args.out_dir, "mqar.csv") if args.quick else "results/mqar.csv")
+    return args
+
+
+def main(argv=None):
+    args = get_args(argv)
+    size = SIZES["quick" if args.quick else "full"]
+    runs = plan()
+    if args.dry_run:
+        for run in runs:
+            steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+            print(f"{run.name}: {steps} steps" + (f" ({size['transfer_steps']} of transfer first)" if run.transfer
+                                                  else ""))
+        return
+    rows = []
+    for run in runs:
+        print(f"--- {run.name}", flush=True)
+        steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
+                                                                  else size["teacher_steps"])
+        rows += rows_of(run, train_run(run, size, args.out_dir), steps)
+    write_csv(args.csv, rows, COLUMNS)
+    footer = f"python -m experiments.mqar{' --quick' if args.quick else ''}; {machine_line()}"
+    figure = os.path.splitext(args.csv)[0] + ".png"
+    try:
+        plot(rows, footer, figure)
+    except ImportError:
+        figure = "no figure (pip install matplotlib)"
+    print(f"wrote {args.csv}, {figure}")
+
+
+def machine_line() -> str:
+    from experiments.records import machine
+    m = machine()
+    return f"{m['device']}, torch {m['torch']}, {m['date']}"
+
+
+if __name__ == "__main__":
+    run_main(main)

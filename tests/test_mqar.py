@@ -1,0 +1,70 @@
+"""
+experiments/mqar.py: the MQAR sequences are what they claim, the accuracy counts what it says, and the experiment
+runs end to end (--quick), resumable, with a KV cache that grows and T2R states that do not.
+
+    python -m pytest -q -s tests/test_mqar.py
+"""
+
+import csv
+
+import pytest
+import torch
+
+from conftest import run_in_process
+from experiments import mqar
+
+
+@pytest.mark.parametrize("pairs", mqar.PAIRS)
+def test_a_sequence_lists_its_pairs_then_asks_each_key_once(pairs):
+    x, y = mqar.mqar_batch(16, pairs, torch.Generator().manual_seed(pairs))
+    half = mqar.VOCAB // 2
+    assert x.shape == y.shape == (16, mqar.length_for(pairs))
+    for row, targets in zip(x.tolist(), y.tolist()):
+        keys, values = row[0 : 2 * pairs : 2], row[1 : 2 * pairs : 2]
+        assert len(set(keys)) == pairs and max(keys) < half <= min(values)
+        asked = [t for t, target in enumerate(targets) if target != -100]
+        assert len(asked) == pairs and min(asked) >= 2 * pairs  # every key once, after the pairs
+        assert sorted(row[t] for t in asked) == sorted(keys)
+        assert all(targets[t] == values[keys.index(row[t])] for t in asked)  # the value paired with that key
+        rest = [row[t] for t in range(2 * pairs, len(row)) if t not in asked]
+        assert min(rest) >= half  # the fillers are never keys
+
+
+class LookUp(torch.nn.Module):
+    """An oracle that reads the pairs (or, with forget=True, only the first half of them) and answers queries."""
+
+    def __init__(self, pairs: int, forget: bool = False):
+        super().__init__()
+        self.pairs, self.forget = pairs, forget
+
+    def forward(self, x):
+        logits = torch.zeros(*x.shape, mqar.VOCAB)
+        for b, row in enumerate(x.tolist()):
+            known = dict(zip(row[0 : 2 * self.pairs : 2], row[1 : 2 * self.pairs : 2]))
+            if self.forget:
+                known = dict(list(known.items())[: self.pairs // 2])
+            for t in range(2 * self.pairs, len(row)):
+                logits[b, t, known.get(row[t], 0)] = 1.0
+        return logits
+
+
+def test_the_accuracy_is_the_share_of_queries_answered():
+    x, y = mqar.mqar_batch(8, 16, torch.Generator().manual_seed(0))
+    assert mqar.accuracy(LookUp(16), x, y, batch_size=3) == 1.0
+    assert mqar.accuracy(LookUp(16, forget=True), x, y) == 0.5  # half the pairs known: half the queries
+
+
+def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_path):
+    first = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    with open(tmp_path / "out/mqar-quick/mqar.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    models = [run.name for run in mqar.plan()]
+    assert [(r["model"], int(r["pairs"])) for r in rows] == [(m, n) for m in models for n in mqar.PAIRS]
+    sizes = {m: [int(r["state_bytes"]) for r in rows if r["model"] == m] for m in models}
+    print({m: s[-1] for m, s in sizes.items()})
+    assert sizes["softmax"][0] < sizes["softmax"][-1]  # a KV cache grows with the sequence (64 -> 256 tokens)
+    for model in ("t2r8", "t2r64+transfer", "t2r16+window16", "t2r32 from scratch"):
+        assert len(set(sizes[model])) == 1, model  # constant-size states
+    again = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
+    assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
