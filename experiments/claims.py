@@ -100,8 +100,9 @@ def spearman(xs, ys) -> float:
 # -----------------------------------------------------------------------------
 # Table 1
 
-def lm_claims(lm: list) -> list:
-    """Table 1's claims, on test perplexity (means over the seeds; the spread: half the range of the seeds)."""
+def lm_claims(lm: list, curves: list = ()) -> list:
+    """Table 1's claims, on test perplexity (means over the seeds; the spread: half the range of the seeds); the
+    conversion's cost on the learning curves (curves.csv rows)."""
     test = lambda model, init: mean_of(group(lm, model=model, init=init), "test_ppl")
     spread = lambda model, init="pretrained": half_range([r["test_ppl"] for r in group(lm, model=model, init=init)])
     paper = lambda model, init="pretrained": PAPER_LM[(model, init)].test
@@ -114,7 +115,7 @@ def lm_claims(lm: list) -> list:
                        f"{paper('t2r')} vs {paper('elu')} and {paper('rfa')}", f"{t2r:.2f} vs {elu:.2f} and {rfa:.2f}",
                        held))
     claims += pretraining_claims(test, spread, paper)
-    claims += conversion_time_claim(lm, test, spread("t2r") + spread("t2r", "random"))
+    claims += conversion_cost_claim(curves)
     return claims + softmax_gap_claims(test, spread, paper)
 
 
@@ -139,19 +140,27 @@ def pretraining_claims(test, spread, paper) -> list:
     return claims
 
 
-def conversion_time_claim(lm: list, test, noise: float) -> list:
-    minutes = lambda init: mean_of(group(lm, model="t2r", init=init), "train_minutes")
-    if None in (test("t2r", "random"), test("t2r", "pretrained"), minutes("random"), minutes("pretrained")):
-        return []
-    scratch, converted = PAPER_LM[("t2r", "random")], PAPER_LM[("t2r", "pretrained")]
-    ratio = minutes("random") / minutes("pretrained")
-    return [("conversion reaches (at least) the from-scratch perplexity in a fraction of the time "
-             "(the fraction is set by the plan; the verdict is on the perplexity)",
-             f"{converted.hours} vs {scratch.hours} GPU hours (~{scratch.hours / converted.hours:.0f}x), "
-             f"{converted.test} vs {scratch.test}",
-             f"{minutes('pretrained'):.1f} vs {minutes('random'):.1f} minutes ({ratio:.1f}x), "
-             f"{test('t2r', 'pretrained'):.2f} vs {test('t2r', 'random'):.2f} (spread {noise:.2f})",
-             ordering(test("t2r", "pretrained"), test("t2r", "random"), noise))]
+def conversion_cost_claim(curves: list) -> list:
+    """Conversion's cost, apart from where it ends (the claim before this one): the training tokens the finetuning
+    needs to reach T2R-from-scratch's final validation perplexity, read from the learning curves (at its first
+    evaluation there: an upper bound), against the tokens the from-scratch run took. Wall-clock minutes on a shared
+    machine are not a cost measure: runs of the same steps took 64 to 109 minutes."""
+    scratch, paper = PAPER_LM[("t2r", "random")], PAPER_LM[("t2r", "pretrained")]
+    claim = ("conversion reaches T2R-from-scratch's final perplexity for a fraction of its training tokens (the "
+             "finetuning's, read from the learning curves; the teacher's own training aside)")
+    said = f"{paper.hours} vs {scratch.hours} GPU hours (~{scratch.hours / paper.hours:.0f}x)"
+    from_scratch = sorted(group(curves, task="lm", model="t2r", init="random"), key=lambda r: r["step"])
+    converted = sorted(group(curves, task="lm", model="t2r", init="pretrained"), key=lambda r: r["step"])
+    if not (from_scratch and converted):
+        return [(claim, said, "no learning curves in curves.csv", NOT_MEASURED)]
+    target, total = from_scratch[-1]["valid_loss"], from_scratch[-1]["tokens"]
+    reached = next((r for r in converted if r["valid_loss"] <= target), None)
+    if reached is None:
+        return [(claim, said, f"not reached: valid ppl {math.exp(converted[-1]['valid_loss']):.2f} at its end, "
+                 f"from scratch {math.exp(target):.2f}", "**no**")]
+    return [(claim, said, f"{reached['tokens'] / 1e6:.2f}M vs {total / 1e6:.2f}M tokens "
+             f"({total / reached['tokens']:.1f}x fewer; valid ppl {math.exp(reached['valid_loss']):.2f} by step "
+             f"{reached['step']}, from scratch {math.exp(target):.2f})", verdict(reached["tokens"] < total))]
 
 
 def softmax_gap_claims(test, spread, paper) -> list:
@@ -182,6 +191,12 @@ def softmax_gap_claims(test, spread, paper) -> list:
             held = verdict(left <= noise)
         claims.append((f"the 75% hybrid ({reading}) closes the gap to the softmax model ({soft_name}, test ppl)",
                        f"{paper('t2r')} -> {paper('t2r75')}, softmax {paper('softmax', 'random')}", ours, held))
+        teacher = test("softmax", "random")
+        if control is not None and teacher is not None:  # the paper's own comparison: with the teacher, both 18.5
+            noise = spread(model) + spread("softmax", "random")
+            claims.append((f"the 75% hybrid ({reading}) matches the teacher (the paper's comparison, test ppl)",
+                           f"{paper('t2r75')} vs {paper('softmax', 'random')}",
+                           f"{hybrid:.2f} vs {teacher:.2f} (spread {noise:.2f})", verdict(hybrid - teacher <= noise)))
     return claims
 
 
@@ -358,6 +373,7 @@ def speed_claim(soft: dict, t2r: dict, elu: dict) -> tuple:
 
 BENCH_MODELS = {"softmax": "softmax_kv", "t2r": "t2r32-4", "elu": "elu", "rfa": "rfa32-4"}
 FEATURE_MARGIN = 1.15  # "a 15%+ speedup over ELU and RFA"
+SINGLE_RUN_NOISE = 0.4  # one unpaired timing each: on this shared machine single runs vary by up to 40%
 FIG2_BATCH = 16  # the batch size of the paper's Fig. 2
 
 
@@ -378,11 +394,19 @@ def length_claims(bench: list) -> list:
     claims = [(*lead, over("softmax"), verdict(soft[-1] > soft[0] and soft[-1] > 1)) if len(soft) >= 2 else
               (*lead, "no bench.py translator rows in bench/bench.csv", NOT_MEASURED)]
     for other in ("elu", "rfa"):
-        held = verdict(min(ratio[other].values()) >= FEATURE_MARGIN) if ratio[other] else NOT_MEASURED
+        held = speed_verdict(list(ratio[other].values())) if ratio[other] else NOT_MEASURED
         claims.append((f"Fig. 2: T2R decodes at least {100 * (FEATURE_MARGIN - 1):.0f}% faster than {NAMES[other]} "
                        f"at every length (greedy, batch {batch}, bench.py)", f"15%+ over {NAMES[other]}",
                        over(other), held))
     return claims
+
+
+def speed_verdict(ratios: list) -> str:
+    """At least FEATURE_MARGIN at every length, judged on single unpaired timings: yes only where even the lowest
+    ratio clears the margin by their noise, no where some ratio falls short of it by more, else inconclusive."""
+    if min(ratios) >= FEATURE_MARGIN * (1 + SINGLE_RUN_NOISE):
+        return "yes"
+    return "**no**" if min(ratios) * (1 + SINGLE_RUN_NOISE) < FEATURE_MARGIN else "inconclusive"
 
 
 # -----------------------------------------------------------------------------
@@ -429,8 +453,8 @@ def bootstrap_interval(pairs: list, a: dict, b: dict) -> tuple:
 def verdict_legend() -> str:
     """What each verdict means, and the study's own lines where the paper's words are qualitative."""
     return ("Verdicts: yes; **no**; within noise: the two sides differ by no more than the spread (half the range "
-            "of each side's seeds, added; a side with one seed adds 0); inconclusive: a 95% interval, or the timing "
-            "passes, straddle the line; n/a: nothing to judge; not measured: its runs are not made yet, not counted. "
+            "of each side's seeds, added; a side with one seed adds 0); inconclusive: a 95% interval, the timing "
+            f"passes, or single timings give or take their {SINGLE_RUN_NOISE:.0%} noise, straddle the line; n/a: nothing to judge; not measured: its runs are not made yet, not counted. "
             f"Where the paper's words are qualitative the lines are the study's: similar or comparable BLEU within "
             f"{COMPARABLE_BLEU:g} point; much closer attention: the distance at least {MUCH_CLOSER:.0%} lower; a "
             f"strong correlation: Spearman's rho at least {STRONG}, also with any one point left out (else carried "
@@ -440,6 +464,6 @@ def verdict_legend() -> str:
 
 def all_claims(results: dict) -> list:
     """Every claim, in the order of the paper: Table 1, Figs. 4-6, Table 2, Fig. 2."""
-    return (lm_claims(results["lm"]) + feature_claims(results["fs"], results["att"])
+    return (lm_claims(results["lm"], results.get("curves", [])) + feature_claims(results["fs"], results["att"])
             + mt_claims(results["mt"], results.get("mt_pairs", []))
             + length_claims(results.get("bench", [])))

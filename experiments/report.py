@@ -290,6 +290,16 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "its probes' `attention.csv`, `recall.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`")]
 
 
+def model_sizes() -> str:
+    """The study's models, from its plan (experiments/study.py), at the top: the numbers below are theirs."""
+    from experiments.study import LM_SIZES, MT_SIZES
+    lm, mt = LM_SIZES["full"]["model"], MT_SIZES["full"]["model"]
+    return (f"The models: a {lm['n_layer']}-layer language model, d_model {lm['d_model']}, {lm['n_head']} heads of "
+            f"{lm['d_model'] // lm['n_head']}, feed-forward {lm['d_ff']} (the paper: 32 layers, 1024, 8 heads of 128, "
+            f"4096); a {mt['n_encoder_layer']}+{mt['n_layer']}-layer translator, d_model {mt['d_model']}, "
+            f"{mt['n_head']} heads, feed-forward {mt['d_ff']} (the paper: 6+6, 1024, 16 heads, 4096).")
+
+
 def results_page(results: dict, claims: list) -> list:
     machine = results["machine"]
     figure = lambda name, title, source: [f"![{title}]({name})", "",
@@ -299,7 +309,7 @@ def results_page(results: dict, claims: list) -> list:
             "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU, and "
             f"each of the paper's claims checked against our numbers: **{held_count(claims)} held**. Produced by "
             f"{provenance(machine)}. `python -m experiments.report` rewrites this page from the files beside it.", "",
-            *partial_banner(machine),
+            model_sizes(), "", *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
             "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
