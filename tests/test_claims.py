@@ -356,11 +356,18 @@ def test_the_summary_says_when_the_study_is_partial(analysed, banner):
     assert summary.splitlines()[1].startswith(banner)  # under the comment that says where it is copied
 
 
-@pytest.mark.parametrize("gap_at_16, expected", [(1.0, "yes"), (4.0, "**no**")])
-def test_fig_4_needs_the_gap_widest_at_the_smallest_k(gap_at_16, expected):
-    """Ends alone (3 at k=4 against 2 at k=64) are not enough: the gap must be widest at the smallest k."""
+@pytest.mark.parametrize("gaps, seeds_spread, expected", [
+    ((3.0, 2.0, 1.0), 0.0, "yes"),  # falling with k: rho -1, and 3 - 1 beyond a spread of 0
+    ((3.0, 2.0, 1.0), 2.5, "inconclusive"),  # the same, but the ends differ by less than the seeds' spread
+    ((3.0, 1.0, 2.0), 0.0, "inconclusive"),  # ends apart, but no trend between (rho -0.5): one seed a k decides nothing
+    ((1.0, 2.0, 3.0), 0.0, "**no**"),  # widest at the largest k
+])
+def test_fig_4_reads_the_trend_over_k_against_the_seeds_spread(gaps, seeds_spread, expected):
+    """Gaps (random - pretrain) at k = 4, 16, 64, one seed each; the noise: Table 1's seeds at k = 32."""
     fs = [dict(variant="pretrained", k=k, valid_ppl=100.0) for k in (4, 16, 64)]
-    fs += [dict(variant="random", k=k, valid_ppl=100.0 + g) for k, g in ((4, 3.0), (16, gap_at_16), (64, 2.0))]
-    claim = claims.feature_claims(fs, [])[0]
+    fs += [dict(variant="random", k=k, valid_ppl=100.0 + g) for k, g in zip((4, 16, 64), gaps)]
+    lm = [lm_row("t2r", "pretrained", 100.0, seed) for seed in (0, 1)]
+    lm[1]["valid_ppl"] += 2 * seeds_spread  # half the range: the spread
+    claim = claims.feature_claims(fs, [], lm)[0]
     print(claim[2])
     assert claim[3] == expected
