@@ -371,3 +371,30 @@ def test_fig_4_reads_the_trend_over_k_against_the_seeds_spread(gaps, seeds_sprea
     claim = claims.feature_claims(fs, [], lm)[0]
     print(claim[2])
     assert claim[3] == expected
+
+
+@pytest.mark.parametrize("random_line, expected", [
+    ({4: 5.13, 8: 4.87, 16: 5.11, 32: 4.90, 64: 5.06}, "inconclusive"),  # the study's: ends apart, a jumping middle
+    ({4: 5.13, 8: 5.10, 16: 5.05, 32: 5.00, 64: 4.95}, "yes"),
+])
+def test_the_entropy_trend_is_read_over_the_whole_line_against_its_wandering(random_line, expected):
+    """Ends 5.13 -> 5.06 fall, but with one seed a k the line wanders 0.24 between neighbours and its rank
+    correlation with k is -0.3: no trend is shown. A line falling all along is one."""
+    pretrain = {4: 4.98, 8: 4.92, 16: 4.83, 32: 4.85, 64: 4.84}  # rho -0.7, 0.14 down, wandering 0.02
+    claim = claims.entropy_trend_claim(pretrain, random_line)
+    print(claim[2])
+    assert claim[3] == expected
+
+
+@pytest.mark.parametrize("random_line, expected", [
+    ({4: 5.13, 8: 4.87, 16: 5.11, 32: 4.90, 64: 5.06}, "inconclusive"),  # 0.05 above at k = 8: inside the wandering
+    ({4: 5.53, 8: 5.47, 16: 5.41, 32: 5.35, 64: 5.29}, "yes"),  # below by 0.45 or more at every k
+    ({4: 4.53, 8: 4.47, 16: 4.41, 32: 4.35, 64: 4.29}, "**no**"),  # above by far
+])
+def test_peakier_at_every_k_reads_each_gap_against_how_far_the_lines_wander(random_line, expected):
+    att = [dict(stage=stage, k=k, distance=None, entropy=e, valid_ppl=None) for stage, line in
+           (("finetuned", {4: 4.98, 8: 4.92, 16: 4.83, 32: 4.85, 64: 4.84}), ("random_init", random_line))
+           for k, e in line.items()]
+    claim = claims.entropy_claims(att)[0]
+    print(claim[2])
+    assert claim[3] == expected
