@@ -72,48 +72,39 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
 
 
 @torch.no_grad()
-def generate_recurrent(model, prompt, num_tokens, pick, on_token=None, keep=False):
+def generate_recurrent(model, prompt, num_tokens, pick, on_token):
     """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens: each
-    new token goes to on_token (which streams it). keep=True (several samples, printed at the end; --check) also keeps
-    the tokens and the logits of every step, 8 and 4 x vocabulary bytes a token. Returns (tokens, logits, state),
-    the first two None without keep."""
+    new token and its step's logits go to on_token(token, logits), which keeps what it needs. Returns the state."""
     state = model.init_state(prompt.shape[0])
     for t in range(prompt.shape[1] - 1):  # prefill: the prompt's own predictions are not needed
         model.step(prompt[:, t], state)
-    token, kept = prompt[:, -1], []
+    token = prompt[:, -1]
     for _ in range(num_tokens):
         logits, state = model.step(token, state)
         token = pick(logits)
-        if keep:
-            kept.append((token, logits))
-        if on_token:
-            on_token(token)
-    tokens, logits = (torch.stack(t, 1) for t in zip(*kept)) if keep else (None, None)
-    return tokens, logits, state
+        on_token(token, logits)
+    return state
 
 
 @torch.no_grad()
-def generate_recompute(model, prompt, num_tokens, pick, on_token=None, keep=False):
+def generate_recompute(model, prompt, num_tokens, pick, on_token):
     """The transformer way without a cache: run the whole sequence again for every new token (it grows: the
-    baseline). Returns as generate_recurrent does, with no state."""
-    sequence, all_logits = prompt, []
+    baseline). Calls on_token as generate_recurrent does; no state."""
+    sequence = prompt
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
         sequence = torch.cat([sequence, token[:, None]], dim=1)
-        if keep:
-            all_logits.append(logits)
-        if on_token:
-            on_token(token)
-    return (sequence[:, prompt.shape[1]:], torch.stack(all_logits, 1), None) if keep else (None, None, None)
+        on_token(token, logits)
 
 
 def load_tokenizer(checkpoint):
     saved = checkpoint.get("args", {})
     try:
-        return data.prepare(saved.get("dataset", "ptb"), saved.get("data_dir"), tokenizer=saved.get("tokenizer", "word"),
-                            vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
-                            cache_dir=saved.get("cache_dir", "data/cache"), build=False)
+        return data.read_prepared(saved.get("dataset", "ptb"), saved.get("data_dir"),
+                                  tokenizer=saved.get("tokenizer", "word"),
+                                  vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
+                                  cache_dir=saved.get("cache_dir", "data/cache"))
     except data.DataError as error:
         raise UserError(f"cannot read the checkpoint's tokenizer from the token cache its training wrote ({error}); "
                         f"relative paths are read from the folder generate.py runs in: run it where the model was "
@@ -294,24 +285,30 @@ def main():
     def pick(logits):
         return sample(logits, args.temperature, args.top_k, generator)
 
-    recent = list(ids[-7:])  # decode a short window, not the whole text: O(1) per token
+    recent, kept_tokens, kept_logits = list(ids[-7:]), [], []  # a short window is decoded: O(1) per token
 
-    def stream(token):
-        """Print what the new token adds to the decoded text (BPE pieces join up, <eos> is a new line)."""
+    def on_token(token, logits):
+        """Print what the new token adds to the decoded text (one sample: BPE pieces join up, <eos> is a new line);
+        keep only what the end needs: several samples' tokens, printed then, and for --check every step's logits."""
         if args.num_samples == 1:
             before = lm.decode(recent)
             recent.append(int(token[0]))
             print(lm.decode(recent)[len(before):], end="", flush=True)
             del recent[:-7]
+        if args.num_samples > 1 or args.check:
+            kept_tokens.append(token)
+        if args.check:
+            kept_logits.append(logits)
 
     run = pick_run(model, args, device, prompt.shape[1] + args.num_tokens)
     print(lm.decode(ids), end="", flush=True)
     start = time.time()
-    tokens, logits, state = run(prompt, args.num_tokens, pick, stream, args.num_samples > 1 or args.check)
+    state = run(prompt, args.num_tokens, pick, on_token)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - start
     print()
+    tokens = torch.stack(kept_tokens, 1) if kept_tokens else None
     if args.num_samples > 1:
         for i in range(args.num_samples):
             print(f"--- sample {i}\n{lm.decode(ids + tokens[i].tolist())}")
@@ -323,6 +320,7 @@ def main():
     if args.check:
         with torch.no_grad():
             parallel = model(torch.cat([prompt, tokens], dim=1)[:, :-1])[:, prompt.shape[1] - 1 :]
+        logits = torch.stack(kept_logits, 1)
         print(f"check: max |recurrent - parallel| logits = {(parallel - logits).abs().max().item():.2e}")
 
 

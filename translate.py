@@ -26,7 +26,7 @@ from support.data import text_lines
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
                              get_device, load_checkpoint, model_from_checkpoint, non_negative_float, positive_int,
-                             run_main)
+                             resolve_device, run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def main():
     args = get_args()
     model, tokenizer, _ = load_translator(args.ckpt)
     lines = read_lines(args.input)
-    check_decoding_fits(model.config.vocab_size, args, get_device(args.device, quiet=True))  # before any output
+    check_decoding_fits(model.config.vocab_size, args, resolve_device(args.device))  # before any output
     with contextlib.redirect_stdout(sys.stderr):
         device = get_device(args.device)
     model = inference_model(model.to(device))

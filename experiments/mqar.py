@@ -25,13 +25,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 import train_lm
 from support.run_files import open_run
 from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
                              write_csv)
-from support.training import Task, get_lr, train
+from support.training import Task, train
 from sru import SRUConfig, SRUppLM
 from t2r import Config, TransformerLM, convert, state_bytes
 
@@ -134,17 +133,13 @@ class MQARTask(Task):
     def identity(self):
         return {"data": fingerprint(f"mqar {VOCAB} {PAIRS} {[length_for(n) for n in PAIRS]}")}
 
-    def schedule(self, step):
-        a = self.args
-        return get_lr(step, a.lr, a.lr * a.min_lr_ratio, a.warmup_steps, a.max_steps)
+    schedule = train_lm.LMTask.schedule  # the language model's warmup and cosine decay
+    objective = train_lm.LMTask.objective  # its cross-entropy, which skips the -100 targets: only queries count
 
     def batch(self, counter):
         generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + counter)
         x, y = mqar_batch(self.args.batch_size, PAIRS[counter % len(PAIRS)], generator)
         return (x.to(self.device),), y.to(self.device), None
-
-    def objective(self, logits, y):
-        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # -100: not a query, not scored
 
     def validation_loss(self, model):
         model.eval()
@@ -160,28 +155,29 @@ class MQARTask(Task):
         return {"accuracy": scores, "state_bytes": state_sizes(model.cpu()), "train_minutes": train_seconds / 60}
 
 
-def run_args(run: Run, size: dict, out_dir: str, resume: bool) -> argparse.Namespace:
-    """train_lm.py's flags for the loop (its checks included), with the run's budget."""
+def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> argparse.Namespace:
+    """train_lm.py's flags for the loop (its checks included), with the run's budget; a conversion's --pretrained
+    is the teacher's model.pt."""
     steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
     flags = ["--dataset", "mqar", "--out_dir", out_dir, "--max_steps", str(steps), "--batch_size",
              str(size["batch_size"]), "--lr", str(size["lr"]), "--warmup_steps", str(max(1, steps // 20)),
              "--dropout", "0", "--eval_interval", str(max(1, steps // 4)), "--log_interval", str(max(1, steps // 10)),
              "--weight_decay", "0", "--device", "cpu"]
     if run.converted:
-        flags += ["--init", "pretrained", "--pretrained", "teacher.pt"]  # read by make_model, not by the flags
+        flags += ["--init", "pretrained", "--pretrained", teacher]
     if run.transfer:
         flags += ["--transfer_steps", str(size["transfer_steps"])]
     return train_lm.get_args(flags + (["--resume"] if resume else []))
 
 
-def make_model(run: Run, size: dict, checkpoint, teacher_path: str):
+def make_model(run: Run, size: dict, checkpoint, args):
     torch.manual_seed(1337)
     if checkpoint is not None:
         return model_from_checkpoint(checkpoint)
     if run.arch == "sru++":
         return SRUppLM(SRUConfig(vocab_size=VOCAB, n_layer=size["n_layer"], d_model=size["d_model"], dropout=0.0))
     if run.converted:
-        teacher = model_from_checkpoint(load_checkpoint(teacher_path, "MQAR teacher"))
+        teacher = model_from_checkpoint(load_checkpoint(args.pretrained, "MQAR teacher"))
         return convert(teacher, "t2r", run.k, window=run.window)
     return TransformerLM(Config(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"],
                                 d_model=size["d_model"], d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn,
@@ -193,10 +189,11 @@ def train_run(run: Run, size: dict, out_dir: str) -> dict:
     folder = os.path.join(out_dir, run.name.replace(" ", "-"))
     results = os.path.join(folder, "results.json")
     if not os.path.isfile(results):
-        args = run_args(run, size, folder, resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
+        args = run_args(run, size, folder, os.path.join(out_dir, "softmax", "model.pt"),
+                        resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
         task = MQARTask(args, Distributed(), size["eval_sequences"])
         checkpoint = open_run(task)
-        train(task, make_model(run, size, checkpoint, os.path.join(out_dir, "softmax", "model.pt")), checkpoint)
+        train(task, make_model(run, size, checkpoint, args), checkpoint)
         task.lock.close()
     with open(results) as f:
         return json.load(f)

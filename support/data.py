@@ -78,7 +78,8 @@ def load_corpus(dataset: str, data_dir: str | None = None) -> dict[str, str]:
 
 
 def _sources(dataset: str, data_dir: str | None, download: bool = True) -> tuple[str, dict[str, str | Path]]:
-    """A short name for the cache folder, and each split as text (PTB) or as a file path."""
+    """A short name for the cache folder, and each split as text (PTB) or as a file path. download=False (a
+    reader's, read_prepared): WikiText-103 is where it is, or an error."""
     if dataset == "ptb":
         return "ptb", _ptb_texts()
     if dataset == "wikitext103":
@@ -314,24 +315,37 @@ class LMData:
         return "\n".join(t[1:] if t.startswith(" ") else t for t in texts)  # drop the BPE prefix space
 
 
-def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
-            cache_dir: str = "data/cache", build: bool = True) -> LMData:
-    """Token ids of every split, from the cache when it matches the corpus and settings, else built (build=False,
-    for a model's readers: an error instead, and no download)."""
+def _cache_of(dataset: str, data_dir: str | None, tokenizer: str, vocab_size: int | None, cache_dir: str,
+              download: bool) -> tuple[Path, dict, dict]:
+    """The cache folder of a corpus and tokenizer, the corpus's splits, and what the cache must have been built
+    from: a changed corpus, or pipeline, means a rebuild."""
     if tokenizer not in ("word", "bpe") and not os.path.isfile(tokenizer):
         raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe, or the path of a pretrained tokenizer.json")
     vocab_size = (vocab_size or DEFAULT_BPE_VOCAB) if tokenizer == "bpe" else None
-    name, sources = _sources(dataset, data_dir, download=build)
+    name, sources = _sources(dataset, data_dir, download)
     short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
-    folder = Path(cache_dir) / f"{name}-{short}{vocab_size or ''}"
-    # What the cache must have been built from: a changed corpus, or pipeline, means a rebuild.
     expected = {"format": CACHE_FORMAT, "source": name, "kind": tokenizer, "bpe_vocab_size": vocab_size,
                 "fingerprint": {split: _fingerprint(source) for split, source in sources.items()}}
+    return Path(cache_dir) / f"{name}-{short}{vocab_size or ''}", sources, expected
+
+
+def read_prepared(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
+                  cache_dir: str = "data/cache") -> LMData:
+    """What prepare() built, for a model's readers (generate.py): read, never built here nor downloaded."""
+    folder, _, expected = _cache_of(dataset, data_dir, tokenizer, vocab_size, cache_dir, download=False)
+    lm, why = _load_cache(folder, expected)
+    if lm is None:
+        raise DataError(f"there is no token cache of {dataset} in {folder} ({why or 'none was built here'})")
+    return lm
+
+
+def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
+            cache_dir: str = "data/cache") -> LMData:
+    """Token ids of every split, from the cache when it matches the corpus and settings, else built."""
+    folder, sources, expected = _cache_of(dataset, data_dir, tokenizer, vocab_size, cache_dir, download=True)
     lm, why = _load_cache(folder, expected)
     if lm is not None:
         return lm
-    if not build:
-        raise DataError(f"there is no token cache of {dataset} in {folder} ({why or 'none was built here'})")
     try:
         with _exclusive(folder):
             lm, why = _load_cache(folder, expected)  # another process may have built it while we waited

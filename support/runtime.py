@@ -184,8 +184,8 @@ def decoding_kernels():
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def get_device(requested: str = "auto", quiet: bool = False) -> torch.device:
-    """cuda, then mps, then cpu; says what it chose (unless quiet)."""
+def resolve_device(requested: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu."""
     if requested == "auto":
         if torch.cuda.is_available():
             requested = "cuda"
@@ -193,9 +193,12 @@ def get_device(requested: str = "auto", quiet: bool = False) -> torch.device:
             requested = "mps"
         else:
             requested = "cpu"
-    device = torch.device(requested)
-    if quiet:
-        return device
+    return torch.device(requested)
+
+
+def get_device(requested: str = "auto") -> torch.device:
+    """resolve_device, saying what it chose."""
+    device = resolve_device(requested)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"device: {device} ({name})")
     return device
