@@ -180,13 +180,14 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_
 
 
 def mt_pair_rows(runs: list) -> list:
-    """Every finished translator against the teacher, T2R + pretrain against T2R from scratch, and ELU + pretrain
-    against T2R + pretrain: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
+    """Every finished translator against the teacher, T2R + pretrain against T2R from scratch and against the
+    softmax control, and ELU + pretrain against T2R + pretrain: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
     done = {(r.row["model"], r.row["init"]): r for r in finished(runs)
             if os.path.isfile(os.path.join(r.out_dir, "test.hyp"))}
     teacher = ("softmax", "random")
     pairs = [(key, teacher) for key in done if key != teacher]
-    pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained"))]
+    pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained")),
+              (("t2r", "pretrained"), ("softmax", "pretrained"))]  # against the control, the teacher trained on
     pairs = [(a, b) for a, b in pairs if a in done and b in done]
     if not pairs:
         return []

@@ -99,7 +99,7 @@ class Run:
     window: int = 0  # the sliding softmax window of after_t2r.py
 
 
-def plan(ks=(8, 16, 32, 64), window: int = 16) -> list:
+def plan(window: int, ks=(8, 16, 32, 64)) -> list:
     runs = [Run("softmax")]
     for k in ks:
         runs += [Run(f"t2r{k}", attn="t2r", k=k, converted=True),
@@ -109,21 +109,25 @@ def plan(ks=(8, 16, 32, 64), window: int = 16) -> list:
 
 
 # The full size: a 2-layer teacher meant to learn the task on a CPU. At d = 64 (2 heads) it stayed at chance for 1,500
-# steps; d = 128 (4 heads), without the sqrt(d) embedding scale, began to recall after about 1,250, then sat at 1/N
-# (a value of the sequence, not the key's) to 4,000 steps. Trained on 4-16 pairs only (length 64, lr 1e-3), it left
-# 1/N near step 6,000 and recalled 0.995 at 16 pairs by 7,500 (10 minutes): a curriculum to build on; not settled yet.
-SIZES = {"full": dict(d_model=128, n_head=4, n_layer=2, teacher_steps=8000, finetune_steps=2000, transfer_steps=300,
-                      batch_size=64, eval_sequences=256, lr=1e-3),
-         "quick": dict(d_model=16, n_head=2, n_layer=2, teacher_steps=6, finetune_steps=3, transfer_steps=2,
-                       batch_size=4, eval_sequences=8, lr=2e-3)}
+# steps; d = 128 (4 heads), without the sqrt(d) embedding scale, began to recall after about 1,250 steps of the whole
+# mixture, then sat at 1/N (a value of the sequence, not the key's) to 4,000. Trained on 4-16 pairs only (length 64),
+# it left 1/N near step 6,000 and recalled 0.995 at 16 pairs by 7,500: so a model trained from scratch (the teacher,
+# and T2R and SRU++ at its budget) sees the short sequences for its first `curriculum` steps, then every length.
+# A step holds the same number of tokens at every length (batch_size sequences of 64 tokens, half as many of 128, ...).
+SIZES = {"full": dict(d_model=128, n_head=4, n_layer=2, teacher_steps=10000, curriculum=6500, finetune_steps=800,
+                      transfer_steps=200, batch_size=64, eval_sequences=256, lr=1e-3, window=16),
+         "quick": dict(d_model=16, n_head=2, n_layer=2, teacher_steps=6, curriculum=3, finetune_steps=3,
+                       transfer_steps=2, batch_size=4, eval_sequences=8, lr=2e-3, window=16)}
+SHORT = [n for n in PAIRS if length_for(n) == length_for(PAIRS[0])]  # the curriculum's pair counts (4, 8, 16)
 
 
 class MQARTask(Task):
     """MQAR for the shared training loop: a micro-batch is a function of its counter (the pair counts take turns),
     so a resumed run sees exactly the batches it would have."""
 
-    def __init__(self, args, ddp, eval_sequences: int):
+    def __init__(self, args, ddp, eval_sequences: int, curriculum: int = 0):
         super().__init__(args, ddp)
+        self.curriculum = curriculum  # the first steps see SHORT pair counts only
         self.valid = fixed_sets(max(8, eval_sequences // 4), seed=1_000_000)
         self.test = fixed_sets(eval_sequences, seed=2_000_000)
 
@@ -138,7 +142,9 @@ class MQARTask(Task):
 
     def batch(self, counter):
         generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + counter)
-        x, y = mqar_batch(self.args.batch_size, PAIRS[counter % len(PAIRS)], generator)
+        pairs = SHORT[counter % len(SHORT)] if counter < self.curriculum else PAIRS[counter % len(PAIRS)]
+        batch = max(1, self.args.batch_size * length_for(PAIRS[0]) // length_for(pairs))  # the same tokens a step
+        x, y = mqar_batch(batch, pairs, generator)
         return (x.to(self.device),), y.to(self.device), None
 
     def validation_loss(self, model):
@@ -191,7 +197,7 @@ def train_run(run: Run, size: dict, out_dir: str) -> dict:
     if not os.path.isfile(results):
         args = run_args(run, size, folder, os.path.join(out_dir, "softmax", "model.pt"),
                         resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
-        task = MQARTask(args, Distributed(), size["eval_sequences"])
+        task = MQARTask(args, Distributed(), size["eval_sequences"], 0 if run.converted else size["curriculum"])
         checkpoint = open_run(task)
         train(task, make_model(run, size, checkpoint, args), checkpoint)
         task.lock.close()
@@ -241,7 +247,7 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     size = SIZES["quick" if args.quick else "full"]
-    runs = plan()
+    runs = plan(size["window"])
     if args.dry_run:
         for run in runs:
             steps = size["finetune_steps"] if run.converted else size["teacher_steps"]

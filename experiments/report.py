@@ -31,10 +31,10 @@ CSVS = ("lm_ptb", "feature_size", "attention", "mt")
 LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pretrained"), ("rfa", "pretrained"),
             ("t2r", "pretrained"), ("t2r75", "pretrained"), ("t2r75top", "pretrained"), ("softmax", "random"),
             ("softmax", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
-            ("t2r-transfer-window", "pretrained"), ("sru++", "random")]
+            ("t2r-transfer-window", "pretrained"), ("sru++", "random"), ("t2r-longer", "random")]
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
-            ("t2r-transfer-window", "pretrained")]
+            ("t2r-transfer-window", "pretrained"), ("softmax", "pretrained")]
 OPTIONAL_CSVS = ("curves", "recall", "mt_pairs")  # written by the second edition of the study; older results lack them
 
 

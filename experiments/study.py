@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from experiments.claims import LONGER  # the row of T2R from scratch for the conversion's total steps
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import Records, machine, weights_of
 from support.configs import feature_sizes
@@ -112,12 +113,19 @@ def lm_runs(out: str, size: dict) -> list:
     runs += [run("pretrained", "softmax", None, seed) for seed in SEEDS]
     runs += [run("random", "t2r", MAIN_K, 0), run("random", "elu", elu_k, 0), run("random", "rfa", RFA_K, 0),
              sru_run(out, pretrain, size)]
+    # a control at equal total steps: T2R + pretrain trained for the teacher's steps and the finetuning's, so T2R
+    # from scratch gets as many in one run of that length (its own warmup and cosine decay, not a restart)
+    runs.append(run("random", "t2r", MAIN_K, 0, model=LONGER, extra={"max_steps": longer_steps(size)}))
     # Fig. 4 (and Figs. 5-6): T2R at every feature size, pretrained, with the MLP frozen, and from scratch
     runs += [run("pretrained", "t2r", k, 0) for k in FEATURE_SIZES if k != MAIN_K]
     runs += [run("pretrained", "t2r", k, 0, model="t2r-frozen", extra={"freeze_feature_map": True})
              for k in FEATURE_SIZES]
     runs += [run("random", "t2r", k, 0) for k in FEATURE_SIZES if k != MAIN_K]
     return runs
+
+
+def longer_steps(size: dict) -> int:
+    return size["pretrain_steps"] + size["finetune_steps"]
 
 
 def sru_run(out: str, pretrain: dict, size: dict) -> Run:
@@ -157,8 +165,9 @@ def mt_runs(out: str, size: dict) -> list:
     finetune = {**common, "init": "pretrained", "pretrained": os.path.join(teacher, "model.pt"),
                 "max_steps": size["finetune_steps"], "warmup_steps": size["warmup_steps"], "lr": MT_LR["finetune"]}
     runs = []
+    # ("softmax", "pretrained"): the control, the teacher trained on unchanged for the finetuning steps
     for attn, init in (("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("rfa", "pretrained"),
-                       ("t2r", "random")):
+                       ("t2r", "random"), ("softmax", "pretrained")):
         name = f"{attn}-{init}-s0"
         flags = {**(pretrain if init == "random" else finetune), "attn": attn, **MT_FEATURES.get(attn, {}),
                  "out_dir": os.path.join(out, "mt", name)}
@@ -340,10 +349,12 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
         restore(runs, records)
     refuse_changed(runs, records)
     refuse_stale(runs, records)
-    todo = [r for r in runs if state(r) != "done"]
+    # a dry run restores nothing: a finished run kept under results/runs shows as kept, and counts as done
+    kept = lambda r: dry_run and records is not None and state(r) == "todo" and records.kept(r)
+    todo = [r for r in runs if state(r) != "done" and not kept(r)]
     print(f"{len(runs)} runs, {len(runs) - len(todo)} already done")
     for i, run in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {run.name}: {state(run)} | "
+        print(f"[{i}/{len(runs)}] {run.name}: {'kept' if kept(run) else state(run)} | "
               f"{' '.join(shorten(c) for c in command(run)[1:])}", flush=True)
     # started in the background (nohup ... &), a shell hands Python SIGINT ignored: take it back, so that
     # `kill -INT` stops the study as Ctrl-C does

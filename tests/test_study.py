@@ -200,7 +200,7 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
     conversions = [(model, 32) for model in study.CONVERSIONS]
     for model, k in [("t2r", 32), ("elu", 64), ("rfa", 64), *conversions]:  # RFA: 32 projections, 64 features
         assert {(model, "pretrained", k, 0), (model, "pretrained", k, 1)} <= rows
-    for model, k in (("t2r", 32), ("elu", 64), ("rfa", 64), ("sru++", None)):
+    for model, k in (("t2r", 32), ("elu", 64), ("rfa", 64), ("sru++", None), (study.LONGER, 32)):
         assert (model, "random", k, 0) in rows
     for k in study.FEATURE_SIZES:
         assert {("t2r", "pretrained", k, 0), ("t2r", "random", k, 0), ("t2r-frozen", "pretrained", k, 0)} <= rows
@@ -208,7 +208,9 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
     size = study.LM_SIZES["full"]
     for r in lm:
         flags = r.flags
-        if r.row["init"] == "random":  # the teacher's budget, from scratch
+        if r.row["model"] == study.LONGER:  # the control: the conversion's total steps, from scratch
+            assert flags["max_steps"] == size["pretrain_steps"] + size["finetune_steps"] and "init" not in flags
+        elif r.row["init"] == "random":  # the teacher's budget, from scratch
             assert flags["max_steps"] == size["pretrain_steps"] and "init" not in flags
             assert flags["lr"] == study.LM_LR["pretrain"] and flags["d_model"] == 128
         else:  # a fifth of it, from the teacher
@@ -232,7 +234,9 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
     mt = study.mt_runs(str(tmp_path), mt_size)
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
         ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("rfa", "pretrained"), ("t2r", "random"),
-        ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"), ("t2r-transfer-window", "pretrained")]
+        ("softmax", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
+        ("t2r-transfer-window", "pretrained")]
+    assert mt[5].flags["attn"] == "softmax" and mt[5].flags["init"] == "pretrained"  # the teacher trained on
     rfa = mt[3].flags  # Table 2's 4 causal and 32 cross projections, two features each
     assert (rfa["attn"], rfa["feature_size"], rfa["cross_feature_size"]) == ("rfa", 8, 64)
     assert all(r.flags["pretrained"] == os.path.join(mt[0].out_dir, "model.pt") and 3 * r.flags["max_steps"] ==
@@ -260,11 +264,20 @@ def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
     assert study.run_state(run_.out_dir) == "done"
 
 
+def test_a_dry_run_counts_the_runs_kept_under_results_as_done_and_restores_nothing(tmp_path):
+    runs = study.lm_runs(str(tmp_path / "out"), study.LM_SIZES["quick"])[:2]
+    records = study.Records(str(tmp_path / "out"), str(tmp_path / "kept"))
+    os.makedirs(records.folder(runs[0]))
+    (tmp_path / "kept" / "lm" / runs[0].name / "results.json").write_text("{}")
+    study.execute(runs, dry_run=True, records=records)
+    assert not (tmp_path / "out").exists()
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
-    assert "44 runs, 0 already done" in result.stdout  # the language models and the translators
-    assert "[36/44] t2r-random-k64-s0: todo" in result.stdout
+    assert "46 runs, 0 already done" in result.stdout  # the language models and the translators
+    assert "[37/46] t2r-random-k64-s0: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
 
@@ -288,8 +301,10 @@ def fake_json(path, values):
 def fake_runs(out: str, lm_plan: list, mt_plan: list):
     """Made-up results.json, speed.json and the analysis' raw table, built so that every claim holds."""
     ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 99.3, "t2r75top": 99.3, "elu": 130.0, "rfa": 125.0,
-           "t2r-frozen": 115.0, "t2r-transfer": 108.0, "t2r-window": 106.0, "t2r-transfer-window": 105.0, "sru++": 112.0}
-    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0, "sru++": 0.0}  # what random init costs
+           "t2r-frozen": 115.0, "t2r-transfer": 108.0, "t2r-window": 106.0, "t2r-transfer-window": 105.0, "sru++": 112.0,
+           study.LONGER: 110.0}
+    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0, "sru++": 0.0, study.LONGER: 15.0}  # what
+    # random init costs (T2R trained longer from scratch: less)
     curve = [[1, 100, 5.0], [2, 200, 4.8], [3, 300, 4.7], [4, 400, 4.699]]  # converged: 0.1% in the last fifth
     converted_curve = [[1, 100, 4.69], [2, 200, 4.68]]  # below the from-scratch end in a quarter of its tokens
     for r in lm_plan:
@@ -302,7 +317,8 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
                                                             "curve": curve if random_init else converted_curve})
     bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0,
             ("rfa", "pretrained"): 18.5, ("t2r", "random"): 17.0, ("t2r-transfer", "pretrained"): 19.6,
-            ("t2r-window", "pretrained"): 19.7, ("t2r-transfer-window", "pretrained"): 19.8}
+            ("t2r-window", "pretrained"): 19.7, ("t2r-transfer-window", "pretrained"): 19.8,
+            ("softmax", "pretrained"): 20.3}
     speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0, "rfa": 850.0, "t2r-transfer": 900.0, "t2r-window": 850.0,
               "t2r-transfer-window": 850.0}
     for r in mt_plan:
@@ -345,17 +361,17 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     study_report.write_report(results)
     lm = read_rows(os.path.join(results, "lm_ptb.csv"))
     assert list(lm[0]) == gather.LM_COLUMNS
-    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", *study.CONVERSIONS}
+    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", study.LONGER, *study.CONVERSIONS}
     assert {r["k"] for r in lm if r["model"].startswith("t2r")} == {"32"}, "Table 1 is at k = 32"
     mt = read_rows(os.path.join(results, "mt.csv"))
-    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 8
+    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 9
     curves = read_rows(os.path.join(results, "curves.csv"))
     assert {(r["task"], r["model"]) for r in curves if r["step"] == "4"} >= {("lm", "t2r"), ("mt", "softmax")}
     att = read_rows(os.path.join(results, "attention.csv"))
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
     with open(os.path.join(results, "machine.json")) as f:
         machine = json.load(f)
-    assert machine["runs_finished"] == machine["runs_planned"] == 44
+    assert machine["runs_finished"] == machine["runs_planned"] == 46
     assert machine["attention_models"][0] == machine["attention_models"][1] > 0
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
     assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
@@ -371,13 +387,13 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
     claims_ = claim_lines(text)
     judged = [line for line in claims_ if not line.endswith("| not measured |")]  # Fig. 2's: no bench.csv here
-    assert len(claims_) == 24 and len(judged) == 21, claims_  # 10 LM, 7 Figs. 4-6, 4 MT; 3 of Fig. 2
+    assert len(claims_) == 26 and len(judged) == 23, claims_  # 11 LM, 7 Figs. 4-6, 5 MT; 3 of Fig. 2
     assert all(line.endswith("| yes |") for line in judged), claims_
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
     assert "| softmax | 0.89 (0.20) | 0.84 (0.20) |" in text  # the recall table: D = 8 and 64
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
-    assert "**21 of 21 held**" in text
+    assert "**23 of 23 held**" in text
 
 
 MADE_UP_CSVS = {
@@ -406,7 +422,8 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     # T2R + pretrain behind T2R from scratch, 7 behind the teacher, 2 BLEU behind it; the conversion's cost needs
     # learning curves, Fig. 4 two k, Table 2's gain a T2R from scratch, Fig. 2 bench.csv
     found = [line.split(" | ")[-1][:-2] for line in claim_lines(text)]
-    assert found == ["**no**", "not measured", "yes", "not measured", "**no**", *["not measured"] * 4], found
+    assert found == ["**no**", "not measured", "not measured", "yes", "not measured", "**no**", *["not measured"] * 5], \
+        found
     assert "**1 of 3 held**" in text and "an unrecorded command on an unrecorded machine" in text
     assert len(summary.splitlines()) < 40 and "**1 of 3 of the paper's claims held" in summary
     assert (tmp_path / "feature_size.png").stat().st_size > 0 and (tmp_path / "attention.png").stat().st_size > 0
