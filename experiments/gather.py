@@ -1,6 +1,6 @@
 """
 The study's results files, gathered from its run folders: each finished run's results.json and its probes'
-files (experiments/probes.py: attention.csv, recall.csv, speed.json), the translators' test.hyp, into
+files (experiments/probes.py: attention.csv, speed.json), the translators' test.hyp, into
 results/*.csv, floats to 4 decimals, and where and when the runs ran into results/machine.json.
 experiments/report.py reads these files alone.
 """
@@ -11,7 +11,7 @@ import os
 
 import torch
 from sacrebleu.metrics import BLEU
-from experiments.probes import MAIN_K, attention_checkpoints, recall_runs
+from experiments.probes import MAIN_K, attention_checkpoints
 from experiments.study import read_json, shorten, state
 from support.runtime import UserError, write_csv, write_json
 
@@ -136,17 +136,6 @@ def attention_counts(lm_plan: list) -> list:
     return [sum(os.path.isfile(os.path.join(r.out_dir, "attention.csv")) for r in models), len(models)]
 
 
-def recall_rows(lm_plan: list) -> list:
-    """recall.py's rows, as each recall run's probe wrote them."""
-    rows = []
-    for run in recall_runs(lm_plan):
-        path = os.path.join(run.out_dir, "recall.csv")
-        if state(run) == "done" and os.path.isfile(path):
-            with open(path, newline="") as f:
-                rows += list(csv.DictReader(f))
-    return rows
-
-
 # -----------------------------------------------------------------------------
 # Table 2's differences, with their noise: a paired bootstrap over the test sentences (Koehn, 2004)
 
@@ -230,11 +219,8 @@ def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
                                 ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
-    recall = recall_rows(lm_plan)
-    if recall:
-        write_csv(os.path.join(results_dir, "recall.csv"), recall, list(recall[0]))
     write_json(os.path.join(results_dir, "machine.json"), provenance(lm_plan + mt_plan, lm_plan, quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
-          f"curves.csv, recall.csv and machine.json")
+          f"curves.csv and machine.json")
 
 

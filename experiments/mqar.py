@@ -22,14 +22,16 @@ there would read as one more pair).
 import argparse
 import json
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
 import train_lm
 from support.run_files import open_run
+from experiments.records import machine
 from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
-                             write_csv)
+                             write_csv, write_json)
 from support.training import Task, train
 from sru import SRUConfig, SRUppLM
 from t2r import Config, TransformerLM, convert, state_bytes
@@ -211,27 +213,6 @@ def rows_of(run: Run, results: dict, steps: int) -> list:
                  train_minutes=round(results["train_minutes"], 2)) for n in PAIRS]
 
 
-def plot(rows: list, footer: str, path: str):
-    """Accuracy against the pairs a sequence holds, one line per model; and at 64 pairs, against the state's bytes."""
-    from experiments.plots import log2_axis, new_figure, save
-    plt, fig, (left, right) = new_figure(2, 11)
-    for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
-        mine = [r for r in rows if r["model"] == model]
-        style = dict(color=f"C{i % 10}", marker="os^v"[i // 10 % 4], label=model)
-        left.plot([r["pairs"] for r in mine], [r["accuracy"] for r in mine], **style)
-        last = mine[-1]
-        right.scatter([last["state_bytes"]], [last["accuracy"]], color=style["color"], marker=style["marker"])
-        right.annotate(model, (last["state_bytes"], last["accuracy"]), fontsize=6)
-    log2_axis(left, list(PAIRS), "key-value pairs in the sequence")
-    left.set_ylabel("recall accuracy")
-    left.set_title("MQAR: accuracy against the pairs to hold")
-    left.legend(fontsize=6, ncol=2)
-    right.set_xscale("log")
-    right.set_xlabel(f"state bytes after {length_for(PAIRS[-1])} tokens (batch 1)")
-    right.set_title(f"at {PAIRS[-1]} pairs: accuracy against the state's size")
-    save(plt, fig, footer, path)
-
-
 def get_args(argv=None):
     p = Parser(prog="python -m experiments.mqar", description="Multi-query associative recall: what conversion keeps.")
     p.add_argument("--out_dir", default=None, help="the runs' folders (default out/mqar; --quick: out/mqar-quick)")
@@ -254,26 +235,27 @@ def main(argv=None):
             print(f"{run.name}: {steps} steps" + (f" ({size['transfer_steps']} of transfer first)" if run.transfer
                                                   else ""))
         return
-    rows = []
+    rows, t0 = [], time.time()
     for run in runs:
         print(f"--- {run.name}", flush=True)
         steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
                                                                   else size["teacher_steps"])
         rows += rows_of(run, train_run(run, size, args.out_dir), steps)
     write_csv(args.csv, rows, COLUMNS)
-    footer = f"python -m experiments.mqar{' --quick' if args.quick else ''}; {machine_line()}"
+    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed
+    command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
+    where = {**machine(), "command": command, "train_minutes": round(sum(r["train_minutes"] for r in rows) /
+                                                                     len(PAIRS), 1)}
+    write_json(os.path.splitext(args.csv)[0] + ".json", where)
     figure = os.path.splitext(args.csv)[0] + ".png"
     try:
-        plot(rows, footer, figure)
+        from experiments.plots import plot_mqar
+        from experiments.report import mqar_provenance
+        plot_mqar(rows, mqar_provenance(where).replace("`", ""), figure)
     except ImportError:
         figure = "no figure (pip install matplotlib)"
-    print(f"wrote {args.csv}, {figure}")
-
-
-def machine_line() -> str:
-    from experiments.records import machine
-    m = machine()
-    return f"{m['device']}, torch {m['torch']}, {m['date']}"
+    print(f"wrote {args.csv}, {figure} ({(time.time() - t0) / 60:.1f} minutes this time); python -m "
+          f"experiments.report puts them on the results page")
 
 
 if __name__ == "__main__":

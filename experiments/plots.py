@@ -5,7 +5,7 @@ machine and date at its foot:
     feature_size.png     Fig. 4 at CPU scale: validation perplexity against k
     attention.png        Figs. 5 and 6: distance to the teacher's attention, and its entropy, against k
     learning_curves.png  validation perplexity against training tokens, conversions starting where the teacher ends
-    recall.png           what the state forgets: accuracy on a repeated span against the distance to its first reading
+    mqar.png             what a fixed state forgets: MQAR accuracy against the pairs held, and against the state's bytes
 """
 
 import math
@@ -112,19 +112,23 @@ def plot_learning_curves(curves: list, footer: str, path: str):
     save(plt, fig, footer, path)
 
 
-def plot_recall(recall: list, footer: str, path: str):
-    """Top-1 accuracy on the repeat of a span against the tokens between it and its first reading; dotted: the
-    same model on the first reading (what it guesses with nothing to recall)."""
-    plt, fig, (ax,) = new_figure(1, 6)
-    distances = sorted({r["distance"] for r in recall})
-    for i, model in enumerate(dict.fromkeys(r["model"] for r in recall)):
-        rows = sorted(group(recall, model=model), key=lambda r: r["distance"])
-        color = f"C{i}"
-        ax.plot([r["distance"] for r in rows], [r["repeat_accuracy"] for r in rows], marker="o", color=color,
-                label=model)
-        ax.plot([r["distance"] for r in rows], [r["first_accuracy"] for r in rows], linestyle=":", color=color)
-    ax.set_ylabel("top-1 accuracy on the repeated span")
-    ax.set_title("What the state forgets (dotted: first reading)")
-    ax.legend(fontsize=7)
-    log2_axis(ax, distances, "tokens between the span and its repeat")
+def plot_mqar(rows: list, footer: str, path: str):
+    """MQAR (experiments/mqar.py): accuracy against the pairs a sequence holds, one line per model; and at the most
+    pairs, against the bytes of the model's generation state there (a KV cache grows, a T2R state does not)."""
+    plt, fig, (left, right) = new_figure(2, 11)
+    pairs = sorted({r["pairs"] for r in rows})
+    for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
+        mine = sorted(group(rows, model=model), key=lambda r: r["pairs"])
+        style = dict(color=f"C{i % 10}", marker="os^v"[i // 10 % 4])
+        left.plot([r["pairs"] for r in mine], [r["accuracy"] for r in mine], label=model, **style)
+        last = mine[-1]
+        right.scatter([last["state_bytes"]], [last["accuracy"]], **style)
+        right.annotate(model, (last["state_bytes"], last["accuracy"]), fontsize=6)
+    log2_axis(left, pairs, "key-value pairs in the sequence")
+    left.set_ylabel("recall accuracy")
+    left.set_title("MQAR: accuracy against the pairs to hold")
+    left.legend(fontsize=6, ncol=2)
+    right.set_xscale("log")
+    right.set_xlabel(f"bytes of the generation state at the end of a sequence of {pairs[-1]} pairs (batch 1)")
+    right.set_title(f"at {pairs[-1]} pairs: accuracy against the state's size")
     save(plt, fig, footer, path)

@@ -6,7 +6,6 @@ and never the weights (experiments/records.py keeps the results in the repositor
     attention.csv  experiments/analyze_attention.py: the entropy of its attention (Fig. 6) and, for a model converted from the
                    teacher, the distance to the teacher's (Fig. 5); the teacher's own file adds the teacher
                    swapped to T2R at every k, before any finetuning
-    recall.csv     experiments/recall.py: how well it continues a span repeated D tokens later
     speed.json     translate.measure_run: a translator's greedy tokens/s at batch 16 on its test sentences
 
     python -m experiments.probes speed out/study/mt/t2r-pretrained-s0    # the speed probe alone, on one run
@@ -19,7 +18,6 @@ from support.runtime import Parser, UserError, get_device, run_main, write_json
 
 FEATURE_SIZES = (4, 8, 16, 32, 64)  # Fig. 4's k, and the "before finetuning" points of Fig. 5
 MAIN_K = 32  # T2R's k in Table 1
-RECALL_ROWS = (("softmax", "random"), ("t2r", "pretrained"), ("t2r-window", "pretrained"), ("sru++", "random"))
 ATTENTION_STAGES = {("t2r", "pretrained"): "finetuned", ("t2r-frozen", "pretrained"): "mlp_frozen",
                     ("t2r", "random"): "random_init"}  # (model, init) -> the stage experiments/analyze_attention.py names
 SPEED_BATCH = 16  # Fig. 2: greedy decoding, batch 16
@@ -30,12 +28,6 @@ def attention_checkpoints(runs: list) -> list:
     """(stage, k, run) for every T2R language model of the plan whose attention is analysed (seed 0)."""
     return [(ATTENTION_STAGES[(r.row["model"], r.row["init"])], r.row["k"], r) for r in runs
             if (r.row["model"], r.row["init"]) in ATTENTION_STAGES and r.row["seed"] == 0]
-
-
-def recall_runs(runs: list) -> list:
-    """The runs the recall probe reads: RECALL_ROWS at seed 0 and Table 1's k."""
-    return [r for r in runs if (r.row["model"], r.row["init"]) in RECALL_ROWS and r.row["seed"] == 0
-            and r.row["k"] in (None, MAIN_K)]
 
 
 def attention_probe(run, teacher, stage: str | None, quick: bool) -> tuple:
@@ -53,26 +45,17 @@ def attention_probe(run, teacher, stage: str | None, quick: bool) -> tuple:
     return "attention.csv", ["-m", "experiments.analyze_attention", *models, *windows, "--csv", path]
 
 
-def recall_probe(run, quick: bool) -> tuple:
-    sizes = ["--distances", "4,16", "--samples", "4"] if quick else ["--distances", "8,32,128,512,2048"]
-    return "recall.csv", ["-m", "experiments.recall", "--ckpt",
-                          os.path.join(run.out_dir, "model.pt"), *sizes,
-                          "--out", os.path.join(run.out_dir, "recall.csv")]
-
-
 def speed_probe(run) -> tuple:
     return "speed.json", ["-m", "experiments.probes", "speed", run.out_dir]
 
 
 def add_probes(lm_plan: list, mt_plan: list, quick: bool):
     """Give every run of the plans its probes (run.probes: [(file, argv)]): the attention analysis of the LM
-    teacher and its T2R models, the recall probe of the recall rows, the translators' speed."""
+    teacher and its T2R models, the translators' speed."""
     teacher = lm_plan[0]
     stages = {id(r): stage for stage, _, r in attention_checkpoints(lm_plan)}
     for run in [teacher] + [r for _, _, r in attention_checkpoints(lm_plan)]:
         run.probes.append(attention_probe(run, teacher, stages.get(id(run)), quick))
-    for run in recall_runs(lm_plan):
-        run.probes.append(recall_probe(run, quick))
     for run in mt_plan:
         run.probes.append(speed_probe(run))
 

@@ -15,7 +15,7 @@ import time
 
 from support.runtime import atomic_write, write_json
 
-KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "recall.csv", "speed.json",
+KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "speed.json",
         "valid.hyp", "test.hyp")
 
 

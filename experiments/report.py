@@ -17,14 +17,13 @@ No run folder is read: the committed CSVs are enough to regenerate the page.
 import argparse
 import csv
 import json
-import math
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from experiments.claims import (NOT_MEASURED, PAPER_LM, PAPER_MT, all_claims, convergence_checks, group, half_range,
                                 model_name, verdict_legend)
-from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_recall
+from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_mqar
 from support.runtime import UserError, atomic_write, run_main
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
@@ -35,7 +34,7 @@ LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pr
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
             ("t2r-transfer-window", "pretrained"), ("softmax", "pretrained")]
-OPTIONAL_CSVS = ("curves", "recall", "mt_pairs")  # written by the second edition of the study; older results lack them
+OPTIONAL_CSVS = ("curves", "mt_pairs", "mqar")  # the study's second edition and experiments/mqar.py write these
 
 
 # -----------------------------------------------------------------------------
@@ -61,8 +60,8 @@ def read_csv(path: str) -> list:
 
 
 def read_results(results_dir: str) -> dict:
-    """{lm, fs, att, mt, bench, curves, recall: rows; machine: machine.json or {}}. A Fig. 4 row's variant:
-    pretrained, random or pretrained_mlp_frozen."""
+    """{lm, fs, att, mt, bench, curves, mt_pairs, mqar: rows; machine, mqar_machine: machine.json, mqar.json or
+    {}}. A Fig. 4 row's variant: pretrained, random or pretrained_mlp_frozen."""
     lm, fs, att, mt = (read_csv(os.path.join(results_dir, f"{name}.csv")) for name in CSVS)
     for r in fs:
         r["variant"] = "pretrained_mlp_frozen" if r["model"] == "t2r_mlp_frozen" else r["init"]
@@ -70,12 +69,15 @@ def read_results(results_dir: str) -> dict:
                 if os.path.isfile(os.path.join(results_dir, f"{name}.csv")) else [] for name in OPTIONAL_CSVS}
     bench_csv = os.path.join(results_dir, "bench", "bench.csv")  # bench.py's tables, for Fig. 2's length trend
     bench = read_csv(bench_csv) if os.path.isfile(bench_csv) else []
-    path = os.path.join(results_dir, "machine.json")
-    machine = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            machine = json.load(f)
-    return dict(lm=lm, fs=fs, att=att, mt=mt, bench=bench, machine=machine, **optional)
+    machine, mqar_machine = (read_json_if_there(os.path.join(results_dir, f)) for f in ("machine.json", "mqar.json"))
+    return dict(lm=lm, fs=fs, att=att, mt=mt, bench=bench, machine=machine, mqar_machine=mqar_machine, **optional)
+
+
+def read_json_if_there(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def feature_sizes_of(results: dict) -> list:
@@ -204,45 +206,69 @@ def curves_section(results: dict, figure) -> list:
             *figure("learning_curves.png", "Learning curves", "curves.csv")]
 
 
-def recall_section(results: dict, figure) -> list:
-    """Top-1 accuracy on the repeat of a span, by distance, for each model; the first reading in brackets."""
-    recall = results["recall"]
-    if not recall:
-        return []
-    distances = sorted({r["distance"] for r in recall})
-    lines = ["## What the state forgets", "",
-             f"A span of {recall[0]['span']} validation tokens, then D tokens of the text that followed it, then the "
-             f"span again ({recall[0]['samples']} places, the same for every model): top-1 accuracy over the repeat, "
-             "and in brackets over the first reading, where there is nothing to recall. Where 2 spans + D pass the "
-             "512-token blocks the study trains on, every model also reads past the lengths it was trained on, so a "
-             "loss there is not forgetting alone.", "",
-             "| model | " + " | ".join(f"D = {d}" for d in distances) + " |", "|---" * (len(distances) + 1) + "|"]
-    for model in dict.fromkeys(r["model"] for r in recall):
-        cells = {r["distance"]: f"{r['repeat_accuracy']:.2f} ({r['first_accuracy']:.2f})"
-                 for r in group(recall, model=model)}
-        lines.append(f"| {model} | " + " | ".join(cells.get(d, "-") for d in distances) + " |")
-    return lines + ["", *teacher_recall(recall), *figure("recall.png", "What the state forgets", "recall.csv")]
-
-
-def teacher_recall(recall: list) -> list:
-    """Whether the softmax teacher copies the repeat at the shortest distance (more than two standard errors of
-    its accuracy above its first reading): where it does not, its rows measure nothing a state could lose."""
-    rows = sorted(group(recall, model="softmax"), key=lambda r: r["distance"])
+def mqar_section(results: dict, figure) -> list:
+    """MQAR (experiments/mqar.py): every model's accuracy at each number of pairs, its state's bytes, and what the
+    numbers say conversion keeps and loses."""
+    rows, where = results["mqar"], results["mqar_machine"]
     if not rows:
         return []
-    r = rows[0]
-    p, q, n = r["first_accuracy"], r["repeat_accuracy"], r["samples"] * (r["span"] - 1)  # tokens scored
-    error = math.sqrt((max(p * (1 - p), 1e-4) + max(q * (1 - q), 1e-4)) / n)  # of the difference q - p
-    measured = (f"{q:.2f} on the repeat against {p:.2f} on the first reading at D = {r['distance']} (the "
-                f"difference's standard error: {error:.3f})")
-    if q - p > 2 * error:
-        return [f"The softmax teacher copies: {measured}.", ""]
-    return [f"**The softmax teacher does not copy**: {measured}. With no recall to lose, the rows of the models "
-            "trained like it say nothing of what a fixed-size state forgets: a teacher that copies is needed to "
-            "measure it. Three corpora meant to teach copying, PTB with a recent line or a line of random words "
-            "repeated a few lines later (experiments/repeat_corpus.py up to commit 644bb4a; results/runs/copy there "
-            "keeps the last teacher's record), did not teach the study's teacher to copy either, so the study leaves "
-            "them out.", ""]
+    pairs = sorted({r["pairs"] for r in rows})
+    longest = max(r["length"] for r in rows)
+    lines = ["## What a fixed state forgets: associative recall (MQAR)", "",
+             "Multi-query associative recall (Arora et al., 2023): a sequence lists N key-value pairs, then asks for "
+             "every key again at a random later position; a model must answer with the key's value. Softmax "
+             "attention looks the key up in its KV cache, which grows with the sequence; a T2R state of k x d numbers "
+             "a head holds every pair at once. A 2-layer teacher (d_model 128, 4 heads), its conversions to T2R "
+             "(finetuned; also after attention transfer, and with a 16-token softmax window), and T2R and SRU++ "
+             f"trained from scratch for the teacher's steps; {rows[0]['length']}-{longest} tokens, accuracy over "
+             f"every query of the same test sequences. Produced by {mqar_provenance(where)}.", "",
+             "| model | steps | state bytes at " + f"{longest} tokens | " +
+             " | ".join(f"{n} pairs" for n in pairs) + " |", "|---" * (len(pairs) + 3) + "|"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = {r["pairs"]: r for r in group(rows, model=model)}
+        last = mine[pairs[-1]]
+        lines.append(f"| {model} | {last['steps']:,} | {last['state_bytes']:,} | " +
+                     " | ".join(f"{mine[n]['accuracy']:.3f}" if n in mine else "-" for n in pairs) + " |")
+    return lines + ["", *mqar_reading(rows), "",
+                    *figure("mqar.png", "What a fixed state forgets", "mqar.csv", mqar_provenance(where))]
+
+
+def mqar_provenance(where: dict) -> str:
+    if not where:
+        return "an unrecorded command on an unrecorded machine (no mqar.json)"
+    return (f"`{where['command']}` on {where['device']}, {count(where['threads'], 'thread')}, torch "
+            f"{where['torch']}, {where['date']} ({where['train_minutes']:.0f} minutes of training)")
+
+
+FEW_PAIRS = 8  # MQAR's "few pairs": where a state of the smallest k still has room to spare
+
+
+def mqar_reading(rows: list) -> list:
+    """Three lines from the numbers: what the conversions keep with few pairs, what they lose with the most, and
+    the same models trained from scratch."""
+    pairs = sorted({r["pairs"] for r in rows})
+    if not pairs:
+        return []
+    few, most = (FEW_PAIRS if FEW_PAIRS in pairs else pairs[0]), pairs[-1]
+    at = lambda model, n: next((r for r in rows if r["model"] == model and r["pairs"] == n), None)
+    converted = [m for m in dict.fromkeys(r["model"] for r in rows) if m.startswith("t2r") and "scratch" not in m]
+    teacher = at("softmax", few) and at("softmax", most)
+    if not (teacher and converted):
+        return []
+    span = lambda n: (f"{min(at(m, n)['accuracy'] for m in converted):.2f}-"
+                      f"{max(at(m, n)['accuracy'] for m in converted):.2f}")
+    best = max(converted, key=lambda m: at(m, most)["accuracy"])
+    scratch = [m for m in dict.fromkeys(r["model"] for r in rows) if "scratch" in m]
+    lines = [f"- **Kept**: at {few} pairs the {len(converted)} conversions recall {span(few)} (the teacher "
+             f"{at('softmax', few)['accuracy']:.2f}).",
+             f"- **Lost**: at {most} pairs they recall {span(most)}, the best {best} "
+             f"({at(best, most)['state_bytes']:,} bytes of state), against the teacher's "
+             f"{at('softmax', most)['accuracy']:.2f} from a {at('softmax', most)['state_bytes']:,}-byte KV cache."]
+    if scratch:
+        lines.append("- **From scratch**, for the teacher's steps: " + ", ".join(
+            f"{m} {at(m, few)['accuracy']:.2f} at {few} pairs and {at(m, most)['accuracy']:.2f} at {most}"
+            for m in scratch) + ".")
+    return lines
 
 
 def claims_table(claims: list) -> list:
@@ -279,15 +305,15 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("recall.csv", "model and distance", "`model` (softmax, t2r+pretrain, t2r+window64+pretrain, sru++), "
-     "`distance` (tokens between a span and its repeat), `span`, `samples`, `repeat_accuracy`, `first_accuracy` "
-     "(top-1, over the span's tokens 2..span)"),
+    ("mqar.csv", "MQAR model and number of pairs", "`model`, `pairs`, `length` (tokens), `accuracy` (over every "
+     "query of the test sequences), `state_bytes` (the generation state after `length` tokens, batch 1), `steps` "
+     "(training, a conversion's after its teacher's), `train_minutes`; `mqar.json`: its command, machine and date"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),
     ("runs/", "finished run", "its record (experiments/records.py), from which the CSVs are gathered: "
      "`results.json`, `args.json`, `machine.json`, `weights.json` (digests of its weights and its teacher's), and "
-     "its probes' `attention.csv`, `recall.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`")]
+     "its probes' `attention.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`")]
 
 
 def model_sizes() -> str:
@@ -302,8 +328,8 @@ def model_sizes() -> str:
 
 def results_page(results: dict, claims: list) -> list:
     machine = results["machine"]
-    figure = lambda name, title, source: [f"![{title}]({name})", "",
-                                          f"*{title}, drawn from `{source}`; the runs: {provenance(machine)}.*", ""]
+    figure = lambda name, title, source, made_by=provenance(machine): [
+        f"![{title}]({name})", "", f"*{title}, drawn from `{source}`; the runs: {made_by}.*", ""]
     return ["<!-- written by experiments/report.py from the CSVs and machine.json beside it; do not edit -->",
             "# The paper's findings at CPU scale", "",
             "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU, and "
@@ -314,7 +340,7 @@ def results_page(results: dict, claims: list) -> list:
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
             "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
             "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
-            *curves_section(results, figure), *recall_section(results, figure),
+            *curves_section(results, figure), *mqar_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation, seed 0)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
             *(figure("feature_size.png", "Fig. 4 at CPU scale", "feature_size.csv") if results["fs"] else []),
@@ -351,6 +377,10 @@ def summary_page(results: dict, claims: list, link: str) -> list:
         lines.append(f"| {model_name(model, init)} | {mean_spread(ppl)}" + (f" ({paper_lm.test})" if paper_lm else "")
                      + " | " + (f"{bleu[0]['bleu']:.2f}" + (f" ({paper_mt})" if paper_mt else "") if bleu else "-")
                      + " |")
+    reading = mqar_reading(results.get("mqar", []))
+    if reading:  # what a fixed state forgets, in three lines
+        made_by = mqar_provenance(results.get("mqar_machine", {}))
+        lines += ["", f"Associative recall (MQAR), what conversion keeps and loses ({made_by}):", "", *reading]
     lines += ["", "Verdicts:", ""]
     lines += [f"- {held}: {claim}" for claim, _, _, held in claims]
     return lines + [""]
@@ -367,11 +397,13 @@ def write_report(results_dir: str):
     footer = provenance(results["machine"]).replace("`", "")
     figures = [(results["fs"], plot_feature_size, "feature_size.png", (feature_sizes_of(results),)),
                (results["att"], plot_attention, "attention.png", (feature_sizes_of(results),)),
-               (results["curves"], plot_learning_curves, "learning_curves.png", ()),
-               (results["recall"], plot_recall, "recall.png", ())]
+               (results["curves"], plot_learning_curves, "learning_curves.png", ())]
     for rows, plot, name, extra in figures:
         if rows:
             plot(rows, *extra, footer, os.path.join(results_dir, name))
+    if results["mqar"]:
+        plot_mqar(results["mqar"], mqar_provenance(results["mqar_machine"]).replace("`", ""),
+                  os.path.join(results_dir, "mqar.png"))
     link = os.path.relpath(os.path.join(results_dir, "README.md"), ROOT)
     write_text(os.path.join(results_dir, "README.md"), results_page(results, claims))
     write_text(os.path.join(results_dir, "summary.md"), summary_page(results, claims, link))

@@ -7,7 +7,7 @@ The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs
     python -m experiments.study --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
 
 Every run is a plain train_lm.py / train_mt.py command with its own out_dir, followed by its probes
-(experiments/probes.py: the attention analysis, the recall probe, a translator's speed), which read its weights
+(experiments/probes.py: the attention analysis, a translator's speed), which read its weights
 while they are there. A finished run's results are kept in results/runs/ (experiments/records.py), so that a study
 continued on a new machine, whose out/ is empty, trains only what is missing. A run with a results.json is
 skipped (refused where its args.json differs from the plan's flags), a run with a ckpt.pt but no results.json is
@@ -16,9 +16,10 @@ stopped. With --jobs 2 two runs share the machine, a conversion starting once it
 experiments/gather.py collects each run's results into results/*.csv and results/machine.json, and
 experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
 
-The sizes: about 16 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
-training minutes over the 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
-56-101, the probes' minutes besides): it is meant to be stopped and continued, on this machine or another,
+The sizes: about 18 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
+training minutes over the first 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
+56-101, the probes' minutes besides; the two controls since, a 2880-step language model and a translator's
+finetuning, add about 3 hours): it is meant to be stopped and continued, on this machine or another,
 results/runs/ carrying the finished runs. At these sizes the LM teacher is measured short of the convergence rule
 (below): its plateau is several doublings of compute away.
 The claims it tests are orderings and ratios, not the paper's absolute numbers.

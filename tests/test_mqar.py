@@ -68,3 +68,30 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
         assert len(set(sizes[model])) == 1, model  # constant-size states
     again = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
     assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
+
+
+def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
+    """report.py's MQAR section from a made-up mqar.csv: each model's row, and three lines of what conversion keeps
+    and loses, computed from the numbers."""
+    from experiments import report
+    from test_study import MADE_UP_CSVS
+    for name, lines in MADE_UP_CSVS.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    accuracy = {"softmax": (1.0, 0.99), "t2r8": (0.9, 0.2), "t2r64": (0.95, 0.5), "t2r32 from scratch": (0.3, 0.05)}
+    state = {"softmax": 65536, "t2r8": 9216, "t2r64": 66560, "t2r32 from scratch": 33792}
+    rows = [dict(model=m, pairs=n, length=mqar.length_for(n), accuracy=a[i], state_bytes=state[m], steps=800,
+                 train_minutes=1.0) for m, a in accuracy.items() for i, n in enumerate((8, 64))]
+    mqar.write_csv(str(tmp_path / "mqar.csv"), rows, mqar.COLUMNS)
+    (tmp_path / "mqar.json").write_text('{"command": "python -m experiments.mqar", "device": "a CPU", "threads": 2, '
+                                        '"torch": "2.13.0+cpu", "date": "2026-11-25", "train_minutes": 58.0}')
+    report.write_report(str(tmp_path))
+    page, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
+    print(page[page.index("## What a fixed state"):page.index("## Feature size")])
+    assert "| t2r64 | 800 | 66,560 | 0.950 | 0.500 |" in page
+    assert "`python -m experiments.mqar` on a CPU, 2 threads, torch 2.13.0+cpu, 2026-11-25 (58 minutes" in page
+    kept = "- **Kept**: at 8 pairs the 2 conversions recall 0.90-0.95 (the teacher 1.00)."
+    lost = "- **Lost**: at 64 pairs they recall 0.20-0.50, the best t2r64 (66,560 bytes of state), against the " \
+           "teacher's 0.99 from a 65,536-byte KV cache."
+    scratch = "- **From scratch**, for the teacher's steps: t2r32 from scratch 0.30 at 8 pairs and 0.05 at 64."
+    assert all(line in page and line in summary for line in (kept, lost, scratch))
+    assert (tmp_path / "mqar.png").stat().st_size > 0

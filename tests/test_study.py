@@ -335,9 +335,6 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
         entropy = {"finetuned": 3.0, "mlp_frozen": 3.5, "random_init": 4.0}[stage] - k / 100
         row = f"{r.out_dir}/ckpt.pt,{'checkpoint' if distance == '' else 'finetuned'},t2r,{k},{distance},{entropy},0.0,4"
         write_lines(os.path.join(r.out_dir, "attention.csv"), [header, teacher.replace("2.0", "9.0"), row])
-    for r, name, a in zip(probes.recall_runs(lm_plan), ("softmax", "t2r+pretrain"), (0.9, 0.5)):
-        write_lines(os.path.join(r.out_dir, "recall.csv"), ["model,distance,span,samples,repeat_accuracy,first_accuracy",
-                                                            *[f"{name},{d},16,64,{a - d / 1000},0.2" for d in (8, 64)]])
 
 
 def write_lines(path, lines):
@@ -375,7 +372,7 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert machine["attention_models"][0] == machine["attention_models"][1] > 0
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
     assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
-                                                                         "learning_curves.png", "recall.png"))
+                                                                         "learning_curves.png"))
     with open(os.path.join(results, "README.md")) as f:
         text = f.read()
     print(text)
@@ -391,7 +388,6 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert all(line.endswith("| yes |") for line in judged), claims_
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
-    assert "| softmax | 0.89 (0.20) | 0.84 (0.20) |" in text  # the recall table: D = 8 and 64
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
     assert "**23 of 23 held**" in text
 
