@@ -88,8 +88,8 @@ class WindowAttention(LinearAttention):
 
     foldable = False  # the window's softmax needs q and k themselves, which folding (Eq. 8) would not form
 
-    def __init__(self, d_model, n_head, kind, feature_size, chunk_size, window: int):
-        super().__init__(d_model, n_head, True, kind, feature_size, chunk_size)
+    def __init__(self, d_model, n_head, kind, feature_size, chunk_size, window: int, bias: str = "all"):
+        super().__init__(d_model, n_head, True, kind, feature_size, chunk_size, bias)
         self.window = window
         self.window_gate = nn.Parameter(torch.zeros(n_head))  # log g per head: g = 1 at the start
 
@@ -123,10 +123,10 @@ def linear_attention_layers(model: nn.Module) -> list:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LinearAttention)]
 
 
-def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None):
+def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None, rotation=None):
     """A layer's forward during attention transfer: pass on the softmax attention of the layer's own q, k, v (the
     teacher's output exactly), and keep the squared error of its linear attention against it in errors[layer]."""
-    q, k, v = (t.detach() for t in layer.project(x, x if source is None else source))  # only phi (and g) learn
+    q, k, v = (t.detach() for t in layer.project(x, x if source is None else source, rotation))  # only phi, g learn
     cross = source is not None
     target = softmax_attention(q, k, v, layer.causal and not cross, key_mask)  # Eq. 2
     own = layer.attend(q, k, v, cross, key_mask)

@@ -61,6 +61,14 @@ class Config:
     max_positions: int = 0          # > 0: a learned table of positions, the longest sequence (GPT-2); 0: sinusoids
     activation: str = "relu"        # of the feed-forward hidden layer, or "gelu_tanh" (GPT-2's tanh approximation)
     scale_embedding: bool = True    # token embedding times sqrt(h) (Vaswani et al.); GPT-2 does not scale it
+    # The switches of Llama-family checkpoints (the last section; support/hf.py): the defaults are the paper's model
+    norm: str = "layernorm"         # or "rmsnorm": x / rms(x) times a gain, no mean, no bias (Zhang & Sennrich 2019)
+    norm_eps: float = 1e-5          # the epsilon of every norm
+    ffn: str = "mlp"                # or "swiglu": down(silu(gate x) * up x), three maps, no bias (Shazeer 2020)
+    bias: str = "all"               # the linear maps with a bias: all; none (Llama); qkv: q, k, v only (Qwen2)
+    n_kv_head: int = 0              # key/value heads, each shared by n_head / n_kv_head query heads; 0: n_head
+    rope_theta: float = 0.0         # > 0: rotary positions with this base (Su et al. 2021), none added to the input
+    rope_scaling: dict | None = None  # the checkpoint's stretch of the rotary frequencies: linear or llama3
 
     positions: InitVar[str | None] = None  # not kept: "learned" or "sinusoidal", as checkpoints before said it
 
@@ -213,7 +221,8 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
 
 def linear_attention_step(fq, fk, v1, Sz):
     """One recurrent step, Eqs. 6-7. fq, fk (B, H, 1, k); v1 = [v | 1] (B, H, 1, d + 1); Sz = [S | z] (B, H, k, d + 1):
-    S and z side by side, so that each equation is one batched product. Updates Sz in place; returns (B, H, d)."""
+    S and z side by side, so that each equation is one batched product. Updates Sz in place; returns (B, H, 1, d).
+    Grouped-query attention (a Llama's): H key/value heads, and fq (B, H, G, k) holds the G queries of each."""
     add_to_state(fk, v1, Sz)
     return read_state(fq, Sz)
 
@@ -227,7 +236,7 @@ def add_to_state(fk, v1, Sz):
 def read_state(fq, Sz):
     B, H, k, d1 = Sz.shape
     # Eq. 7: out_i = phi(q_i)^T S_i / phi(q_i)^T z_i, as one: phi(q_i)^T [S | z] = [numerator | denominator]
-    both = torch.bmm(fq.reshape(B * H, 1, k), Sz.view(B * H, k, d1)).view(B, H, d1)
+    both = torch.bmm(fq.reshape(B * H, -1, k), Sz.view(B * H, k, d1)).view(B, H, -1, d1)
     return normalize(both[..., :-1], both[..., -1])
 
 
@@ -235,53 +244,80 @@ def read_state(fq, Sz):
 # Multi-head attention modules
 
 class Attention(nn.Module):
-    """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind."""
+    """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind. n_kv_head < n_head:
+    grouped-query attention (Ainslie et al., 2023; Llama's), each key/value head shared by a group of query heads."""
 
-    def __init__(self, d_model: int, n_head: int, causal: bool):
+    def __init__(self, d_model: int, n_head: int, causal: bool, bias: str = "all", n_kv_head: int = 0):
         super().__init__()
         self.n_head, self.d_head, self.causal = n_head, d_model // n_head, causal
-        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, d_model) for _ in range(3))  # Eqs. 1a-1b
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.n_kv_head = n_kv_head or n_head
+        self.group = n_head // self.n_kv_head  # G query heads per key/value head
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias != "none")  # Eq. 1a
+        self.k_proj, self.v_proj = (nn.Linear(d_model, self.n_kv_head * self.d_head, bias=bias != "none")  # Eq. 1b
+                                    for _ in range(2))
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias == "all")
 
-    def heads(self, x):  # (B, T, H w) -> (B, H, T, w); w is d, or k once `fold` has merged W_phi into W_q, W_k
-        return x.view(*x.shape[:2], self.n_head, -1).transpose(1, 2)
+    def heads(self, x, n: int):  # (B, T, n w) -> (B, n, T, w): w is d, or k once `fold` merged W_phi into W_q, W_k
+        return x.view(*x.shape[:2], n, -1).transpose(1, 2)
 
-    def project(self, x, source):
-        return self.heads(self.q_proj(x)), self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+    def project(self, x, source, rotation=None):
+        q = self.heads(self.q_proj(x), self.n_head)
+        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+        if rotation is not None:  # rotary positions (a Llama's): q and k turned by their position's angles
+            q, k = rotate(q, *rotation), rotate(k, *rotation)
+        return q, k, v
 
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    # The recurrent form projects one position with W_q, W_k, W_v stacked head by head: one product gives [q | k | v]
-    # (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in one product). init_state stacks
-    # the weights as they are for each new sequence; a step restacks only projections replaced since (by fold).
+    # The recurrent form projects one position with W_q, W_k, W_v stacked by key/value head: one product gives
+    # [q of its G query heads | k | v] (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in
+    # one product). init_state stacks the weights as they are for each new sequence; a step restacks only
+    # projections replaced since (by fold).
     def stack_projections(self, append_one: bool):
-        H, h, parts = self.n_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
-        weights = [p.weight.detach().view(H, -1, h) for p in parts]  # (H, w, h); w is d, or k once folded
-        biases = [p.bias.detach().view(H, -1) for p in parts]  # (H, w)
+        n, h, parts = self.n_kv_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
+        weights = [p.weight.detach().view(n, -1, h) for p in parts]  # (n, G w, h), (n, w, h), (n, d, h)
+        biases = [bias_of(p).view(n, -1) for p in parts]
         if append_one:
-            weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
+            weights, biases = weights + [weights[0].new_zeros(n, 1, h)], biases + [biases[0].new_ones(n, 1)]
         self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
         self.stacked_from = parts
 
-    def project_step(self, x, append_one: bool):  # (B, h) -> [q | k | v (| 1)] per head, (B, H, 2 w + d (+ 1))
+    def project_step(self, x, append_one: bool, rotation=None):
+        """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1)): each key/value head with its queries."""
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
             self.stack_projections(append_one)
-        return F.linear(x, *self.stacked).view(x.shape[0], self.n_head, -1)
+        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1)
+        w = self.k_proj.out_features // self.n_kv_head
+        q, k, v = qkv.split([self.group * w, w, qkv.shape[-1] - (self.group + 1) * w], -1)
+        q = q.view(x.shape[0], self.n_kv_head, self.group, w)
+        if rotation is not None:
+            q, k = rotate(q, *rotation), rotate(k, *rotation)
+        return q, k, v
 
-    def merge_step(self, out):  # (B, H, d) -> (B, h)
+    def merge_step(self, out):  # (B, n, G, d) -> (B, h): head g G + i is query i of key/value head g
         return self.out_proj(out.flatten(1))
 
 
+def bias_of(linear: nn.Linear):  # its bias, or zeros where it has none (a Llama's)
+    return linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+
+
+def shared(kv, group: int):  # (B, n, S, .) -> (B, n G, S, .): each key/value head repeated for its G query heads
+    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
+
+
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
-    """q (B, H, T, d), k and v (B, H, S, d); key_mask (B, S), True at real (not padded) source positions."""
+    """q (B, H, T, d), k and v (B, n, S, d), n dividing H; key_mask (B, S), True at real (not padded) source
+    positions."""
     mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+    k, v = shared(k, q.shape[1] // k.shape[1]), shared(v, q.shape[1] // v.shape[1])
     # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
 def append_to_cache(state, k, v):
-    """Write k, v (B, H, 1, d) at state['length'] of the KV cache; return the keys and values so far. A full cache
+    """Write k, v (B, n, 1, d) at state['length'] of the KV cache; return the keys and values so far. A full cache
     doubles its capacity: amortised O(1) per token, not a copy of the whole cache at every step."""
     t = state["length"]
     if t == state["k"].shape[2]:
@@ -296,86 +332,92 @@ def append_to_cache(state, k, v):
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
 
-    def forward(self, x, source=None, key_mask=None):
-        q, k, v = self.project(x, x if source is None else source)
+    def forward(self, x, source=None, key_mask=None, rotation=None):
+        q, k, v = self.project(x, x if source is None else source, rotation)
         return self.merge(softmax_attention(q, k, v, self.causal and source is None, key_mask))
 
-    # Recurrent form: a key/value cache that grows with t (append_to_cache).
+    # Recurrent form: a key/value cache that grows with t (append_to_cache), n_kv_head heads.
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=False)
-        empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
+        empty = torch.zeros(batch_size, self.n_kv_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
-    def step(self, x, state):  # x (B, h) -> (B, h)
-        q, k, v = self.project_step(x, append_one=False)[:, :, None].split(self.d_head, -1)  # (B, H, 1, d)
+    def step(self, x, state, rotation=None):  # x (B, h) -> (B, h)
+        q, k, v = self.project_step(x, False, rotation)  # q (B, n, G, d): a group's G queries read one cache
         keys, values = append_to_cache(state, k, v)
         return self.merge_step(F.scaled_dot_product_attention(q, keys, values))
 
     def init_cross_state(self, source, key_mask):
-        k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
     def step_cross(self, x, state):
-        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)  # (B, H, 1, d)
+        q = self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)  # (B, n, G, d)
         return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
 
 
 class LinearAttention(Attention):
-    """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
+    """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps. Grouped-query: one feature map per
+    key/value head, which its query heads share, so the state holds n_kv_head heads, not n_head."""
     foldable = True  # Eq. 8 applies to a t2r layer (after_t2r.py's window layers keep q and k for their softmax)
 
-    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0):
-        super().__init__(d_model, n_head, causal)
+    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0, bias="all", n_kv_head=0):
+        super().__init__(d_model, n_head, causal, bias, n_kv_head)
         self.kind, self.chunk_size = kind, chunk_size
         self.feature_size = self.d_head if kind == "elu" else feature_size
-        self.feature_map = FEATURE_MAPS[kind](n_head, self.d_head, feature_size)
+        self.feature_map = FEATURE_MAPS[kind](self.n_kv_head, self.d_head, feature_size)
 
-    def forward(self, x, source=None, key_mask=None):
-        q, k, v = self.project(x, x if source is None else source)
+    def forward(self, x, source=None, key_mask=None, rotation=None):
+        q, k, v = self.project(x, x if source is None else source, rotation)
         return self.merge(self.attend(q, k, v, source is not None, key_mask).to(x.dtype))
 
     def attend(self, q, k, v, cross: bool, key_mask=None):
-        """The parallel forms: q (B, H, T, w), k (B, H, S, w), v (B, H, S, d) -> (B, H, T, d), in float32 at least."""
+        """The parallel forms: q (B, H, T, w), k (B, n, S, w), v (B, n, S, d) -> (B, H, T, d), in float32 at least."""
         q, k, v = (t.to(state_dtype(v.dtype)) for t in (q, k, v))
         with full_precision(q.device):
-            fq, fk = self.feature_map(q, k)
+            fq, fk = self.features(q, k)
+            fk, v = shared(fk, self.group), shared(v, self.group)
             if cross or not self.causal:
                 return linear_attention_noncausal(fq, fk, v, key_mask)
             return self.causal_form(q, k, fq, fk, v)
+
+    def features(self, q, k):  # phi(q) (B, H, T, k), each query head by its key/value head's map; phi(k) (B, n, S, k)
+        B, H, T, w = q.shape
+        fq, fk = self.feature_map(q.reshape(B, self.n_kv_head, self.group * T, w), k)
+        return fq.reshape(B, H, T, -1), fk
 
     def causal_form(self, q, k, fq, fk, v):
         if self.chunk_size:
             return linear_attention_chunked(fq, fk, v, self.chunk_size)
         return linear_attention_quadratic(fq, fk, v, causal=True)
 
-    # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
+    # Recurrent form: S (k x d) and z (k) per key/value head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=True)
-        return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
-                                  dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
+        return {"Sz": torch.zeros(batch_size, self.n_kv_head, self.feature_size, self.d_head + 1, device=device,
+                                  dtype=state_dtype(dtype))}  # (B, n, k, d + 1)
 
-    def step(self, x, state):  # x (B, h) -> (B, h)
-        Sz, w = state["Sz"], self.q_proj.out_features // self.n_head  # w: d, or k once folded
-        qkv1 = self.project_step(x, append_one=True).to(Sz.dtype)[:, :, None]  # (B, H, 1, 2 w + d + 1)
+    def step(self, x, state, rotation=None):  # x (B, h) -> (B, h)
+        q, k, v1 = (t.to(state["Sz"].dtype) for t in self.project_step(x, True, rotation))  # v1 = [v | 1]
         with full_precision(x.device):
-            out = self.recur(qkv1[..., :w], qkv1[..., w:2 * w], qkv1[..., 2 * w:], state)
+            out = self.recur(q, k, v1, state)
         return self.merge_step(out.to(x.dtype))
 
-    def recur(self, q, k, v1, state):  # q, k (B, H, 1, w), v1 = [v | 1] (B, H, 1, d + 1) -> (B, H, d)
-        fq, fk = self.feature_map(q, k)  # (B, H, 1, k)
+    def recur(self, q, k, v1, state):  # q (B, n, G, w), k (B, n, 1, w), v1 (B, n, 1, d + 1) -> (B, n, G, d)
+        fq, fk = self.feature_map(q, k)
         return linear_attention_step(fq, fk, v1, state["Sz"])  # Eqs. 6-7
 
     def init_cross_state(self, source, key_mask):
         """[S | z] of the whole (masked) source, computed once per sentence."""
-        k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
+        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
         dtype = state_dtype(v.dtype)
         with full_precision(source.device):
             (fk,) = self.feature_map(k.to(dtype))
             S, z = source_state(fk, v.to(dtype), key_mask)
-        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, H, k, d + 1)
+        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, n, k, d + 1)
 
     def step_cross(self, x, state):
-        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)  # (B, H, 1, w)
+        q = self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)  # (B, n, G, w)
         with full_precision(x.device):
             (fq,) = self.feature_map(q.to(state["Sz"].dtype))
             out = read_state(fq, state["Sz"])  # Eq. 7
@@ -384,45 +426,46 @@ class LinearAttention(Attention):
 
 def make_attention(kind: str, config: Config, causal: bool, feature_size: int) -> Attention:
     if kind == "softmax":
-        return SoftmaxAttention(config.d_model, config.n_head, causal)
+        return SoftmaxAttention(config.d_model, config.n_head, causal, config.bias, config.n_kv_head)
     if causal and config.window:  # the sliding-window hybrid, which came after T2R
         from after_t2r import WindowAttention
-        return WindowAttention(config.d_model, config.n_head, kind, feature_size, config.chunk_size, config.window)
+        return WindowAttention(config.d_model, config.n_head, kind, feature_size, config.chunk_size, config.window,
+                               config.bias)
     return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size,
-                           config.chunk_size if causal else 0)
+                           config.chunk_size if causal else 0, config.bias, config.n_kv_head)
 
 
 # -----------------------------------------------------------------------------
 # The transformer: layers, embeddings, the language model and the translator
 
 class Block(nn.Module):
-    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm."""
+    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm (or RMSNorm)."""
 
     def __init__(self, config: Config, self_kind: str, causal: bool, cross_kind: str | None = None):
         super().__init__()
         self.pre_norm = config.pre_norm
         self.self_attn = make_attention(self_kind, config, causal, config.feature_size)
-        self.norm1 = nn.LayerNorm(config.d_model)
+        self.norm1 = make_norm(config)
         self.cross_attn = cross_kind and make_attention(cross_kind, config, False, config.cross_feature_size)
-        self.norm_cross = nn.LayerNorm(config.d_model) if cross_kind else None
-        self.ffn = nn.Sequential(nn.Linear(config.d_model, config.d_ff), ACTIVATIONS[config.activation](),
-                                 nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model))
-        self.norm2 = nn.LayerNorm(config.d_model)
+        self.norm_cross = make_norm(config) if cross_kind else None
+        self.ffn = make_ffn(config)
+        self.norm2 = make_norm(config)
         self.drop = nn.Dropout(config.dropout)
 
     def residual(self, x, norm, sublayer):
         return x + self.drop(sublayer(norm(x))) if self.pre_norm else norm(x + self.drop(sublayer(x)))
 
-    def forward(self, x, self_mask=None, source=None, source_mask=None):
-        """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source."""
-        x = self.residual(x, self.norm1, lambda y: self.self_attn(y, key_mask=self_mask))
+    def forward(self, x, self_mask=None, source=None, source_mask=None, rotation=None):
+        """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source;
+        rotation: the rotary angles of x's positions (Embedding.rotation), None without rotary positions."""
+        x = self.residual(x, self.norm1, lambda y: self.self_attn(y, key_mask=self_mask, rotation=rotation))
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda y: self.cross_attn(y, source, source_mask))
         return self.residual(x, self.norm2, self.ffn)
 
-    def step(self, x, state):
+    def step(self, x, state, rotation=None):
         """x: (B, h), one position. The same computation as forward, with the recurrent attention."""
-        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"], rotation))
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
         return self.residual(x, self.norm2, self.ffn)
@@ -445,6 +488,9 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(config.max_positions, config.d_model) if config.max_positions else None
         self.d_model, self.scale = config.d_model, math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.drop = nn.Dropout(config.dropout)
+        self.rotary = config.rope_theta > 0  # rotary positions turn q and k in every attention instead
+        if self.rotary:  # (d / 2,) angles per position; not saved (persistent=False): the config says them
+            self.register_buffer("inv_freq", rope_frequencies(config), persistent=False)
 
     def check_end(self, end: int):  # positions 0 .. end - 1 exist: a learned table has no row past its end
         if self.pos is not None and end > self.pos.num_embeddings:
@@ -453,11 +499,20 @@ class Embedding(nn.Module):
     def forward(self, tokens, start=0):  # tokens: (B, T) from position start (an int or a 0-dim tensor) -> (B, T, h)
         positions = torch.arange(tokens.shape[1], device=tokens.device) + start
         embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
+        if self.rotary:
+            return self.drop(embedded * self.scale)
         if self.pos is None:
             return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
         if isinstance(start, int):  # a tensor start is checked by its caller (a CUDA graph, once for all its steps)
             self.check_end(start + tokens.shape[1])
         return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
+
+    def rotation(self, length: int, start=0, dtype=torch.float32):
+        """(cos, sin), each (length, d), of positions start .. start + length - 1; None without rotary positions."""
+        if not self.rotary:
+            return None
+        positions = torch.arange(length, device=self.inv_freq.device) + start
+        return rotary_angles(positions, self.inv_freq, dtype)
 
 
 class TransformerBase(nn.Module):
@@ -467,7 +522,7 @@ class TransformerBase(nn.Module):
         super().__init__()
         self.config = config
         self.embed = Embedding(config)
-        self.final_norm = nn.LayerNorm(config.d_model) if config.pre_norm else nn.Identity()
+        self.final_norm = make_norm(config) if config.pre_norm else nn.Identity()
         self.lm_head = (AdaptiveSoftmax(config, self.embed.tok) if config.adaptive_cutoffs else
                         nn.Linear(config.d_model, config.vocab_size, bias=False))
 
@@ -483,11 +538,11 @@ class TransformerBase(nn.Module):
         if self.config.tie_embeddings and not self.config.adaptive_cutoffs:  # the adaptive softmax is tied by design
             self.lm_head.weight = self.embed.tok.weight
 
-    def run_layers(self, layers, x, *args):
+    def run_layers(self, layers, x, *args, **kwargs):
         for layer in layers:
             if self.training and self.config.layer_dropout > 0 and torch.rand(()) < self.config.layer_dropout:
                 continue  # LayerDrop (Fan et al., 2020), as in the paper's WikiText-103 model
-            x = layer(x, *args)
+            x = layer(x, *args, **kwargs)
         return x
 
     def output(self, x):
@@ -500,14 +555,14 @@ class TransformerBase(nn.Module):
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
         x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
-        logits = self.step_layers(x, state["layers"])
+        logits = self.step_layers(x, state["layers"], self.embed.rotation(1, state["pos"], x.dtype))
         state["pos"] += 1
         return logits, state
 
-    def step_layers(self, x, layer_states):
+    def step_layers(self, x, layer_states, rotation=None):
         """x (B, h) of one position through every layer's recurrent form and the head (what --compile compiles)."""
         for layer, layer_state in zip(self.layers, layer_states):
-            x = layer.step(x, layer_state)
+            x = layer.step(x, layer_state, rotation)
         return self.output(x)
 
     def num_params(self) -> int:
@@ -523,7 +578,9 @@ class TransformerLM(TransformerBase):
         self.init_weights()
 
     def forward(self, tokens):  # (B, T) -> (B, T, V)
-        return self.output(self.run_layers(self.layers, self.embed(tokens)))
+        x = self.embed(tokens)
+        rotation = self.embed.rotation(tokens.shape[1], 0, x.dtype)  # None without rotary positions
+        return self.output(self.run_layers(self.layers, x, rotation=rotation))
 
     @torch.no_grad()
     def init_state(self, batch_size: int):
@@ -541,7 +598,7 @@ class Seq2SeqTransformer(TransformerBase):
         if config.n_encoder_layer < 1:
             raise ValueError("Seq2SeqTransformer needs n_encoder_layer >= 1")
         self.encoder = nn.ModuleList(Block(config, "softmax", causal=False) for _ in range(config.n_encoder_layer))
-        self.encoder_norm = nn.LayerNorm(config.d_model) if config.pre_norm else nn.Identity()
+        self.encoder_norm = make_norm(config) if config.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(Block(config, kind, causal=True, cross_kind=config.cross_attn)
                                     for kind in config.layer_kinds())
         self.init_weights()
@@ -621,11 +678,12 @@ def copy_pretrained(teacher: nn.Module, student: nn.Module):
 @torch.no_grad()
 def fold_feature_map(attn: LinearAttention):
     """Eq. 8: W~ = W_phi W and b~ = b_phi + W_phi b for queries and keys; phi becomes a plain relu."""
-    W_phi, b_phi = attn.feature_map.weight, attn.feature_map.bias  # (H, k, d), (H, k)
-    H, k, d = W_phi.shape
-    for name in ("q_proj", "k_proj"):
+    phi = attn.feature_map
+    for name, H in (("q_proj", attn.n_head), ("k_proj", attn.n_kv_head)):  # a query head takes its group's W_phi
+        W_phi, b_phi = (p.repeat_interleave(H // attn.n_kv_head, 0) for p in (phi.weight, phi.bias))
+        _, k, d = W_phi.shape  # W_phi (H, k, d), b_phi (H, k)
         proj = getattr(attn, name)
-        W, b = proj.weight.view(H, d, -1), proj.bias.view(H, d, 1)  # (H, d, h), (H, d, 1)
+        W, b = proj.weight.view(H, d, -1), bias_of(proj).view(H, d, 1)  # (H, d, h), (H, d, 1)
         folded = nn.Linear(W.shape[-1], H * k, device=W.device, dtype=W.dtype)
         folded.weight.copy_((W_phi @ W).reshape(H * k, -1))  # Eq. 8c
         folded.bias.copy_((b_phi + (W_phi @ b).squeeze(-1)).reshape(H * k))  # Eq. 8d
@@ -634,9 +692,10 @@ def fold_feature_map(attn: LinearAttention):
 
 
 def fold(model: TransformerBase) -> TransformerBase:
-    """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged."""
+    """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged. With
+    rotary positions the rotation sits between W_q and W_phi (phi reads the rotated q): nothing folds."""
     folded = copy.deepcopy(model).eval()
-    for module in folded.modules():
+    for module in folded.modules() if not model.config.rope_theta else []:
         if isinstance(module, LinearAttention) and module.kind == "t2r" and module.foldable:
             fold_feature_map(module)
     return folded
@@ -644,3 +703,75 @@ def fold(model: TransformerBase) -> TransformerBase:
 
 def is_folded(model: nn.Module) -> bool:
     return any(isinstance(m, FoldedT2RFeatureMap) for m in model.modules())
+
+
+# -----------------------------------------------------------------------------
+# The models people bring: what Llama-family checkpoints (Llama, Qwen2, Mistral, SmolLM2) compute besides the
+# paper's transformer, switched on by Config's last fields; support/hf.py reads their weights.
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) times a learned gain (Zhang & Sennrich, 2019), in float32 at least."""
+
+    def __init__(self, d_model: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d_model)), eps
+
+    def forward(self, x):
+        y = x.to(state_dtype(x.dtype))
+        return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """The gated feed-forward layer (Shazeer, 2020): down(silu(gate x) * up x)."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.gate, self.up = (nn.Linear(config.d_model, config.d_ff, bias=False) for _ in range(2))
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=False)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.down(self.drop(F.silu(self.gate(x)) * self.up(x)))
+
+
+def make_norm(config: Config) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+
+
+def make_ffn(config: Config) -> nn.Module:
+    if config.ffn == "swiglu":
+        return SwiGLU(config)
+    bias = config.bias == "all"
+    return nn.Sequential(nn.Linear(config.d_model, config.d_ff, bias=bias), ACTIVATIONS[config.activation](),
+                         nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model, bias=bias))
+
+
+def rope_frequencies(config: Config) -> torch.Tensor:
+    """The rotary angle per position of each pair of dimensions, theta^(-2i/d), as the checkpoint stretches them."""
+    d = config.d_model // config.n_head
+    inv_freq = config.rope_theta ** -(torch.arange(0, d, 2, dtype=torch.float64) / d)  # (d / 2,)
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") == "linear":  # positions divided by the factor
+        return (inv_freq / scaling["factor"]).float()
+    if scaling.get("rope_type") == "llama3":  # low frequencies divided by the factor, high ones kept, a blend between
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelength = scaling["original_max_position_embeddings"] / (2 * math.pi / inv_freq)  # context / wavelength
+        blend = ((wavelength - low) / (high - low)).clamp(0, 1)  # 0: long waves (stretched), 1: short ones (kept)
+        return ((1 - blend) * inv_freq / factor + blend * inv_freq).float()
+    return inv_freq.float()
+
+
+def rotary_angles(positions, inv_freq, dtype):  # (cos, sin) of positions x frequencies, each (T, d)
+    exact = state_dtype(dtype)  # the angles in float32 at least: a bf16 position count is off past 256
+    angles = positions.to(exact)[:, None] * inv_freq.to(exact)  # (T, d / 2)
+    angles = torch.cat([angles, angles], -1)  # the halves of a head pair up: dimension i with i + d / 2
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate(x, cos, sin):
+    """Rotary positions (Su et al., 2021): each pair (x_i, x_{i + d/2}) of a head turned by its position's angle,
+    so that q_i.k_j depends on i - j alone. x (..., T, d), cos and sin (T, d)."""
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin

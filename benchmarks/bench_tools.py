@@ -28,10 +28,10 @@ class NoAttention(nn.Module):
     def init_state(self, batch_size, device, dtype):
         return {}
 
-    def step(self, x, state):
+    def step(self, x, state, rotation=None):
         return torch.zeros_like(x)
 
-    def forward(self, x, key_mask=None):
+    def forward(self, x, key_mask=None, rotation=None):
         return torch.zeros_like(x)
 
 
@@ -47,10 +47,10 @@ class ProjectionsOnly(nn.Module):
         self.attn.stack_projections(append_one=True)
         return {}
 
-    def step(self, x, state):
+    def step(self, x, state, rotation=None):
         attn = self.attn
-        w = attn.q_proj.out_features // attn.n_head  # d, or k once folded
-        return attn.merge_step(attn.project_step(x, append_one=True)[..., 2 * w: 2 * w + attn.d_head])  # W_o v
+        _, _, v1 = attn.project_step(x, True, rotation)  # [v | 1] (B, H, 1, d + 1)
+        return attn.merge_step(v1[..., :attn.d_head])  # W_o v
 
 
 def replace_self_attention(model, make):

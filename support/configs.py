@@ -30,6 +30,7 @@ def check_config(c, attention_kinds: tuple, activations: dict, positions: str | 
         raise ValueError("rfa uses sin and cos features: cross_feature_size must be even")
     check_adaptive(c)
     check_gpt2_switches(c, activations, positions)
+    check_llama_switches(c)
 
 
 def check_gpt2_switches(c, activations: dict, positions: str | None):
@@ -44,6 +45,43 @@ def check_gpt2_switches(c, activations: dict, positions: str | None):
                          f"needs its length (> 0), sinusoidal positions take 0 (they have no end)")
     if not isinstance(c.scale_embedding, bool):
         raise ValueError(f"scale_embedding={c.scale_embedding!r} must be True or False")
+
+
+LLAMA_SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv")}
+
+
+ROPE_SCALING = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings")}
+
+
+def is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_llama_switches(c):
+    """The switches of Llama-family checkpoints: each a known value, grouped-query heads that divide the heads,
+    rotary positions in place of the others, in a language model."""
+    for name, values in LLAMA_SWITCHES.items():
+        if getattr(c, name) not in values:
+            raise ValueError(f"{name}={getattr(c, name)!r}: choose one of {', '.join(values)}")
+    if not is_number(c.norm_eps) or not c.norm_eps > 0:
+        raise ValueError(f"norm_eps={c.norm_eps!r} must be a positive number")
+    if not isinstance(c.n_kv_head, int) or c.n_kv_head < 0 or c.n_kv_head and c.n_head % c.n_kv_head:
+        raise ValueError(f"n_kv_head={c.n_kv_head!r} must divide n_head={c.n_head} (0: as many as n_head)")
+    if c.window and c.n_kv_head not in (0, c.n_head):
+        raise ValueError("the sliding-window hybrid takes one key/value head per query head: n_kv_head = n_head")
+    if not is_number(c.rope_theta) or c.rope_theta < 0:
+        raise ValueError(f"rope_theta={c.rope_theta!r} must be a number >= 0 (0: no rotary positions)")
+    if c.rope_theta and (c.max_positions or c.n_encoder_layer or (c.d_model // c.n_head) % 2):
+        raise ValueError("rotary positions (rope_theta > 0) are a language model's only positions, on heads of even "
+                         "size: set max_positions 0, no encoder")
+    scaling = c.rope_scaling
+    if scaling is not None:
+        needs = ROPE_SCALING.get(scaling.get("rope_type") if isinstance(scaling, dict) else None)
+        if needs is None or not all(is_number(scaling.get(key)) and scaling[key] > 0 for key in needs) or \
+                scaling.get("rope_type") == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+            raise ValueError(f"rope_scaling={scaling!r}: supported are rope_type linear (factor) and llama3 "
+                             f"({', '.join(ROPE_SCALING['llama3'])}), each a positive number, high above low)")
 
 
 def check_adaptive(c):

@@ -22,3 +22,11 @@ def test_the_api_snippet_runs_and_its_state_is_the_size_it_says():
     with contextlib.redirect_stdout(printed):
         exec(compile(code, "README.md", "exec"), {})
     assert printed.getvalue().split() == [str(claimed)]
+
+
+def test_the_idea_in_code_quotes_t2r_py_line_for_line():
+    """The README's excerpt of the feature map and the recurrent step: every line of it is a line of t2r.py."""
+    excerpt = readme_block("The idea in code")
+    source = {line.strip() for line in open(os.path.join(ROOT, "t2r.py"))}
+    quoted = [line.strip() for line in excerpt.splitlines() if line.strip()]
+    assert len(quoted) > 10 and [line for line in quoted if line not in source] == []
