@@ -358,7 +358,9 @@ class SoftmaxAttention(Attention):
 
 class LinearAttention(Attention):
     """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps. Grouped-query: one feature map per
-    key/value head, which its query heads share, so the state holds n_kv_head heads, not n_head."""
+    key/value head, which its query heads share, so the state holds n_kv_head heads, not n_head. Rotary positions:
+    phi reads q and k after their rotation (as LoLCATs does); rotating phi's features instead would make them signed,
+    and the normaliser phi(q).z of Eq. 7 could reach zero from below as well as above."""
     foldable = True  # Eq. 8 applies to a t2r layer (after_t2r.py's window layers keep q and k for their softmax)
 
     def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0, bias="all", n_kv_head=0):
