@@ -291,25 +291,69 @@ def tiny_gpt2(tmp_path_factory):
     """A 2-layer GPT-2 (h = 64, 4 heads, 128 positions) with random, non-zero weights and biases, saved by
     transformers' save_pretrained (model.safetensors, config.json) beside a byte-level BPE tokenizer.json trained on
     the tiny corpus. Returns (folder, the corpus folder, the transformers model in eval mode, in float32)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel
     tmp = tmp_path_factory.mktemp("gpt2")
     corpus = write_corpus(str(tmp / "tiny"))
-    tokenizer = Tokenizer(models.BPE())  # GPT-2's kind: byte level, no prefix space, <|endoftext|> its one special
+    tokenizer = byte_level_bpe(corpus)
+    end = tokenizer.token_to_id("<|endoftext|>")
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=tokenizer.get_vocab_size(),
+                        bos_token_id=end, eos_token_id=end)
+    folder = tmp / "gpt2"
+    model = save_randomised(lambda: GPT2LMHeadModel(config), tokenizer, folder)
+    return folder, corpus, model
+
+
+def byte_level_bpe(corpus: str):
+    """GPT-2's kind of tokenizer (byte level, no prefix space, <|endoftext|> its one special), trained on a corpus."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     with open(os.path.join(corpus, "train.txt")) as f:
         tokenizer.train_from_iterator(f.read().splitlines(), trainer=trainer)
-    end = tokenizer.token_to_id("<|endoftext|>")
-    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=tokenizer.get_vocab_size(),
-                        bos_token_id=end, eos_token_id=end)
+    return tokenizer
+
+
+def save_randomised(make, tokenizer, folder, **save):
+    """make() with noise on every weight (it starts with zero biases and unit norms: a mapping error would hide
+    there), saved by save_pretrained beside tokenizer.json; returned in eval mode."""
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # GPT-2 starts with zero biases and unit LayerNorms: a mapping error would hide there
+    model = make().eval()
+    with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    folder = tmp / "gpt2"
-    model.save_pretrained(folder)
+    model.save_pretrained(folder, **save)
     tokenizer.save(str(folder / "tokenizer.json"))
-    return folder, corpus, model
+    return model
+
+
+# The Llama family's test models: grouped-query attention in each (4 query heads, 2 or 1 key/value heads)
+LLAMA_FAMILY = {
+    "llama": dict(num_key_value_heads=2, tie_word_embeddings=False, rope_theta=500.0,  # Llama 3.2's stretched rotary
+                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=16)),
+    "qwen2": dict(num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1000.0),  # biases on q, k, v
+    "mistral": dict(num_key_value_heads=1, tie_word_embeddings=False, sliding_window=None),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_llamas(tmp_path_factory):
+    """{family: (folder, the corpus folder, the transformers model in eval mode)}: 2 layers, h = 32, 4 heads, random
+    non-zero weights, saved by save_pretrained (the llama in shards, with their index) beside a byte-level BPE."""
+    import transformers
+    tmp = tmp_path_factory.mktemp("llamas")
+    corpus = write_corpus(str(tmp / "tiny"))
+    tokenizer = byte_level_bpe(corpus)
+    models = {}
+    for family, switches in LLAMA_FAMILY.items():
+        name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[family]
+        config = getattr(transformers, f"{name}Config")(
+            vocab_size=tokenizer.get_vocab_size(), hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=256, **switches)
+        folder = tmp / family
+        model = save_randomised(lambda: getattr(transformers, f"{name}ForCausalLM")(config), tokenizer, folder,
+                                **({"max_shard_size": "30KB"} if family == "llama" else {}))
+        models[family] = folder, corpus, model
+    return models

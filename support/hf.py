@@ -1,6 +1,8 @@
 """
-A Hugging Face GPT-2 as the pretrained transformer that T2R converts (section 2.2). GPT-2 is t2r.TransformerLM with
-learned positions, the tanh GELU and an unscaled token embedding (the switches of t2r.Config).
+A Hugging Face model as the pretrained transformer that T2R converts (section 2.2): GPT-2, or one of the Llama family
+(Llama, Qwen2, Mistral; SmolLM2 is a Llama). GPT-2 is t2r.TransformerLM with learned positions, the tanh GELU and an
+unscaled token embedding; a Llama is t2r.TransformerLM with RMSNorm, SwiGLU, rotary positions and grouped-query
+attention (the switches at the end of t2r.Config). Each family has a table of where each of its tensors lands.
 
     python train_lm.py --init pretrained --pretrained hf:gpt2     # download GPT-2 (124M), convert, finetune on PTB
     python train_lm.py --init pretrained --pretrained hf:./gpt2   # a folder of config.json, model.safetensors and
@@ -21,7 +23,7 @@ from support.runtime import UserError, non_finite_weights
 from t2r import Config, TransformerLM
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER
-FILES = ["config.json", "model.safetensors", "tokenizer.json"]  # what a download fetches
+FILES = ["config.json", "tokenizer.json", "*.safetensors*"]  # what a download fetches: the weights, sharded or not
 GPT2 = dict(model_type="gpt2", vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)  # 124M
 
 # config.json settings that our model computes as GPT-2 does, default first; any other value is refused.
@@ -48,13 +50,19 @@ LAYER_MODULES = [("norm1", "ln_1", None),  # layers.{i}.<ours> <- h.{i}.<GPT-2's
                  ("ffn.3", "mlp.c_proj", None)]  # 4h -> h
 # Skipped on purpose, being no parameters: the causal mask that older checkpoints save in every layer
 # (h.{i}.attn.bias, a lower triangle, and h.{i}.attn.masked_bias, the -1e4 it fills in). Ours is causal by design.
-MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")
+# Older Llama checkpoints save each layer's rotary frequencies (rotary_emb.inv_freq): ours come from config.json.
+MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 
-def tensor_plan(model: TransformerLM) -> list:
-    """(our tensor, GPT-2's tensor, which third of c_attn or None, transposed or not) for every tensor of ours."""
-    modules = TOP_MODULES + [(f"layers.{i}.{ours}", f"h.{i}.{theirs}", third)
-                             for i in range(model.config.n_layer) for ours, theirs, third in LAYER_MODULES]
+def tensor_plan(model: TransformerLM, family: str = "gpt2") -> list:
+    """(our tensor, theirs, which third of c_attn or None, transposed or not) for every tensor of ours."""
+    if family == "gpt2":
+        modules = TOP_MODULES + [(f"layers.{i}.{ours}", f"h.{i}.{theirs}", third)
+                                 for i in range(model.config.n_layer) for ours, theirs, third in LAYER_MODULES]
+    else:  # the Llama family (below)
+        modules = [(ours, theirs, None) for ours, theirs in LLAMA_TOP] + [
+            (f"layers.{i}.{ours}", f"model.layers.{i}.{theirs}", None)
+            for i in range(model.config.n_layer) for ours, theirs in LLAMA_LAYER]
     ours = model.state_dict()
     return [(f"{mine}.{p}", f"{theirs}.{p}", third, p == "weight" and theirs.split(".")[-1].startswith("c_"))
             for mine, theirs, third in modules for p in ("weight", "bias") if f"{mine}.{p}" in ours]
@@ -88,13 +96,28 @@ def folder_of(spec: str) -> str:
                         f"that folder here and pass --pretrained hf:./{name}") from None
 
 
-def read_config(folder: str) -> Config:
+def read_settings(folder: str) -> dict:
     path = os.path.join(folder, "config.json")
     try:
         with open(path) as f:
-            return gpt2_config(json.load(f), path)
-    except (OSError, ValueError) as error:  # a missing file or bad JSON (gpt2_config raises only UserError)
-        raise UserError(f"cannot read {path} ({type(error).__name__}): a GPT-2 folder has config.json") from None
+            settings = json.load(f)
+    except (OSError, ValueError) as error:  # a missing file or bad JSON
+        raise UserError(f"cannot read {path} ({type(error).__name__}): a model's folder has config.json") from None
+    if not isinstance(settings, dict):
+        raise UserError(f"{path} holds a JSON {type(settings).__name__}, not an object of settings: it is damaged")
+    return settings
+
+
+def read_config(folder: str) -> Config:
+    """Our Config of the folder's config.json, for each family its own reading; any other family is refused."""
+    settings, where = read_settings(folder), os.path.join(folder, "config.json")
+    family = settings.get("model_type")
+    if family == "gpt2":
+        return gpt2_config(settings, where)
+    if family in LLAMA_FAMILY:
+        return llama_config(settings, where)
+    raise UserError(f"{where} describes a {family!r} model: {', '.join(('gpt2',) + LLAMA_FAMILY)} convert "
+                    f"(SmolLM2 is a llama)")
 
 
 def gpt2_config(settings: dict, where: str) -> Config:
@@ -120,43 +143,122 @@ def gpt2_config(settings: dict, where: str) -> Config:
         raise UserError(f"{where} is not a usable GPT-2 config ({type(error).__name__}: {error})") from None
 
 
-def read_tensors(folder: str) -> dict:
-    """GPT-2's tensors by name, without the "transformer." of GPT2LMHeadModel.save_pretrained."""
+# -----------------------------------------------------------------------------
+# The Llama family: where each tensor lands (our module <- theirs, .weight and .bias alike, nn.Linear both: no
+# transposes), and the config.json settings our model computes as they do.
+
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+LLAMA_TOP = [("embed.tok", "model.embed_tokens"), ("final_norm", "model.norm"), ("lm_head", "lm_head")]
+LLAMA_LAYER = [("norm1", "input_layernorm"),  # layers.{i}.<ours> <- model.layers.{i}.<theirs>; RMSNorm, pre-norm
+               ("self_attn.q_proj", "self_attn.q_proj"), ("self_attn.k_proj", "self_attn.k_proj"),  # n_kv_head heads
+               ("self_attn.v_proj", "self_attn.v_proj"), ("self_attn.out_proj", "self_attn.o_proj"),
+               ("norm2", "post_attention_layernorm"),
+               ("ffn.gate", "mlp.gate_proj"), ("ffn.up", "mlp.up_proj"), ("ffn.down", "mlp.down_proj")]  # SwiGLU
+LLAMA_SUPPORTED = {"hidden_act": ("silu",), "mlp_bias": (False,), "pretraining_tp": (1,)}
+BIASES = {"llama": "none", "mistral": "none", "qwen2": "qkv"}  # Qwen2's q, k and v have biases, nothing else
+
+
+def rope_settings(settings: dict) -> tuple:
+    """(theta, scaling or None) from config.json: transformers 5 writes rope_parameters, earlier ones rope_theta and
+    rope_scaling (whose type was once called "type")."""
+    rope = settings.get("rope_parameters") or {**(settings.get("rope_scaling") or {}),
+                                               "rope_theta": settings.get("rope_theta", 10_000.0)}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    scaling = {key: value for key, value in rope.items() if key not in ("rope_theta", "type", "rope_type")}
+    return rope.get("rope_theta", 10_000.0), (None if kind == "default" else {**scaling, "rope_type": kind})
+
+
+def llama_config(settings: dict, where: str) -> Config:
+    """Our Config of a Llama, Qwen2 or Mistral config.json, refusing any setting that would compute otherwise."""
+    family, get = settings["model_type"], settings.get
+    names = ("vocab_size", "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
+    wrong = next((key for key in names if type(get(key)) is not int or get(key) < 1), None)
+    if wrong:
+        raise UserError(f"{where} has {wrong}={get(wrong)!r}: a size is a positive whole number")
+    heads, width = settings["num_attention_heads"], settings["hidden_size"]
+    if get("head_dim") not in (None, width // heads) or width % heads:
+        raise UserError(f"{where} has heads of {get('head_dim')} dimensions, not hidden_size / num_attention_heads: "
+                        f"our heads split the width")
+    for key, values in LLAMA_SUPPORTED.items():
+        if get(key, values[0]) not in values:
+            raise UserError(f"{where} has {key}={get(key)!r}, which our model does not compute (ours: {values[0]!r})")
+    if get("attention_bias", False):
+        raise UserError(f"{where} has attention_bias=true (biases on q, k, v and o alone): our model does not")
+    window = get("sliding_window") if family == "mistral" or get("use_sliding_window") else None
+    if window:
+        raise UserError(f"{where} attends within a sliding window of {window} tokens, which our softmax teacher does "
+                        f"not compute: use a checkpoint without one (sliding_window null)")
+    theta, scaling = rope_settings(settings)
+    try:
+        return Config(vocab_size=settings["vocab_size"], n_layer=settings["num_hidden_layers"], n_head=heads,
+                      d_model=width, d_ff=settings["intermediate_size"], dropout=get("attention_dropout", 0.0),
+                      tie_embeddings=get("tie_word_embeddings", False), scale_embedding=False, norm="rmsnorm",
+                      norm_eps=get("rms_norm_eps", 1e-6), ffn="swiglu", bias=BIASES[family],
+                      n_kv_head=get("num_key_value_heads") or heads, rope_theta=theta, rope_scaling=scaling)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{where} is not a usable {family} config ({error})") from None
+
+
+def weight_files(folder: str) -> list:
+    """The checkpoint's files: the shards its model.safetensors.index.json names, or its one file."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise UserError(f"cannot read {index} ({type(error).__name__}): download it again") from None
+        missing = next((name for name in shards if not os.path.isfile(os.path.join(folder, name))), None)
+        if missing:
+            raise UserError(f"{folder} lacks {missing}, a shard its model.safetensors.index.json names: download it")
+        return [os.path.join(folder, name) for name in shards]
     paths = [os.path.join(folder, name) for name in ("model.safetensors", "pytorch_model.bin")]
     path = next((p for p in paths if os.path.isfile(p)), None)
     if path is None:
-        raise UserError(f"{folder} has neither model.safetensors nor pytorch_model.bin: download the weights")
-    try:
-        tensors = load_file(path) if path.endswith(".safetensors") else torch.load(path, "cpu", weights_only=True)
-    except Exception as error:  # truncated, or no checkpoint at all: safetensors and torch raise many kinds
-        raise UserError(f"{path} is unreadable ({type(error).__name__}): download it again") from None
-    broken = non_finite_weights(tensors)
-    if broken:
-        raise UserError(f"{path} holds NaN or inf weights ({broken[0]}): it is damaged; download it again")
-    return {name.removeprefix("transformer."): tensor for name, tensor in tensors.items()}
+        raise UserError(f"{folder} has neither model.safetensors (or its shards) nor pytorch_model.bin: download "
+                        f"the weights")
+    return [path]
+
+
+def read_tensors(folder: str) -> dict:
+    """The checkpoint's tensors by name (GPT-2's without the "transformer." of GPT2LMHeadModel.save_pretrained), in
+    the dtype they were saved in: bf16 ones become the model's when loaded into it."""
+    tensors = {}
+    for path in weight_files(folder):
+        try:
+            part = load_file(path) if path.endswith(".safetensors") else torch.load(path, "cpu", weights_only=True)
+        except Exception as error:  # truncated, or no checkpoint at all: safetensors and torch raise many kinds
+            raise UserError(f"{path} is unreadable ({type(error).__name__}): download it again") from None
+        broken = non_finite_weights(part)
+        if broken:
+            raise UserError(f"{path} holds NaN or inf weights ({broken[0]}): it is damaged; download it again")
+        tensors.update({name.removeprefix("transformer."): tensor for name, tensor in part.items()})
+    return tensors
 
 
 def load(folder: str) -> TransformerLM:
-    """Our softmax TransformerLM with GPT-2's weights: every tensor of the checkpoint used, or a one-line error."""
-    config, tensors = read_config(folder), read_tensors(folder)
+    """Our softmax TransformerLM with the checkpoint's weights: every tensor of it used, or a one-line error."""
+    config, tensors, family = read_config(folder), read_tensors(folder), read_settings(folder)["model_type"]
     with torch.device("meta"):  # shapes first, no memory: a config.json too large for its tensors is refused here
         shapes = TransformerLM(config)
-    plan = tensor_plan(shapes)
-    used = {theirs for _, theirs, _, _ in plan} | {"lm_head.weight"}
+    head = "lm_head.weight"  # a tied model's output layer is its embedding: saved or not, it is not read
+    plan = [row for row in tensor_plan(shapes, family) if not (config.tie_embeddings and row[0] == head)]
+    embedding = next(theirs for ours, theirs, _, _ in plan if ours == "embed.tok.weight")
+    used = {theirs for _, theirs, _, _ in plan} | ({head} if config.tie_embeddings else set())
     extra = sorted(name for name in tensors if name not in used and not MASK_BUFFERS.fullmatch(name))
     missing = [theirs for _, theirs, _, _ in plan if theirs not in tensors]
     if extra or missing:
         raise UserError(f"{folder}: the checkpoint {'has' if extra else 'lacks'} the tensor {(extra or missing)[0]}, "
-                        f"which GPT-2 {'has not' if extra else 'has'}: it is another model, or damaged")
-    if "lm_head.weight" in tensors and not torch.equal(tensors["lm_head.weight"], tensors["wte.weight"]):
-        raise UserError(f"{folder}: lm_head.weight is not wte.weight, and our output layer is tied to the embedding")
+                        f"which {family} {'has not' if extra else 'has'}: it is another model, or damaged")
+    if config.tie_embeddings and head in tensors and not torch.equal(tensors[head], tensors[embedding]):
+        raise UserError(f"{folder}: {head} is not {embedding}, and config.json ties the output layer to the embedding")
     state, target = {}, shapes.state_dict()
     for ours, theirs, third, transposed in plan:
         state[ours] = read(tensors[theirs], third, transposed)
         if state[ours].shape != target[ours].shape:
             raise UserError(f"{folder}: {theirs} has shape {tuple(tensors[theirs].shape)}, not what config.json says")
     model = TransformerLM(config)  # the size of the tensors read: it fits
-    model.load_state_dict({**state, "lm_head.weight": state["embed.tok.weight"]})
+    model.load_state_dict({**state, head: state["embed.tok.weight"]} if config.tie_embeddings else state)
     return model
 
 

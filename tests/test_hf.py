@@ -244,14 +244,16 @@ def nan(tensors):
     (add("transformer.h.0.attn.rotary"), None, "has the tensor h.0.attn.rotary"),
     (untie, None, "lm_head.weight is not wte.weight"),
     (narrow, None, "h.0.attn.c_attn.weight has shape (64, 189)"),
-    (None, {"model_type": "llama"}, "describes a 'llama' model"),
+    (None, {"model_type": "gemma"}, "describes a 'gemma' model: gpt2, llama, qwen2, mistral convert"),
+    (None, {"model_type": "llama"}, "has num_hidden_layers=None: a size is a positive whole number"),
     (None, {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
     (None, {"layer_norm_epsilon": 1e-6}, "layer_norm_epsilon=1e-06"),
     (None, {"n_head": 5}, "not a usable GPT-2 config"),
     (nan, None, "holds NaN or inf weights (transformer.h.1.mlp.c_proj.weight)"),
     (None, {"n_head": True}, "has n_head=True: a GPT-2 size is a positive whole number"),
     (None, {"n_embd": 200000, "n_head": 4}, "wte.weight has shape (288, 64), not what config.json"),  # none allocated
-], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "llama", "layer-scaled attention",
+], ids=["missing tensor", "extra tensor", "untied output", "wrong shape", "gemma", "a llama of gpt-2 settings",
+        "layer-scaled attention",
         "another epsilon", "heads that do not divide", "nan weights", "a true head count", "a config too wide"])
 def test_a_checkpoint_that_is_not_gpt2s_is_a_one_line_error(tiny_gpt2, tmp_path, capsys, change_tensors,
                                                             change_config, message):

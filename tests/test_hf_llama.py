@@ -1,0 +1,118 @@
+"""
+Tests of support/hf.py's Llama family (Llama, Qwen2, Mistral): a checkpoint read into t2r.TransformerLM computes
+transformers' own logits and gradients, in float32 and float64, from one file or from shards, from bf16 weights too;
+every setting it cannot compute is a one-line error. Tiny random models (conftest.tiny_llamas) stand in for real
+ones: no network.
+
+    python -m pytest -q -s tests/test_hf_llama.py
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from conftest import LLAMA_FAMILY, report
+from support import hf, runtime
+
+FAMILIES = list(LLAMA_FAMILY)
+
+
+def tokens(vocab_size, shape=(2, 40), seed=0):  # past the llama's original 16 positions: its stretched rotary
+    return torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.float64, 1e-5)])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers(tiny_llamas, family, dtype, tolerance):
+    """float64 is as close as float32: transformers computes RMSNorm and the rotary angles in float32 either way."""
+    folder, _, reference = tiny_llamas[family]
+    ours, theirs = hf.load(folder).to(dtype).eval(), reference.to(dtype)
+    x = tokens(reference.config.vocab_size)
+    with torch.no_grad():
+        diff = (ours(x) - theirs(x).logits).abs().max()
+    reference.float()
+    assert report(f"{family} {dtype}: our logits vs transformers'", diff) < tolerance
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradients_equal_transformers(tiny_llamas, family):
+    folder, _, reference = tiny_llamas[family]
+    ours = hf.load(folder).eval()
+    x, y = tokens(reference.config.vocab_size), tokens(reference.config.vocab_size, seed=1)
+    reference.zero_grad()
+    for logits in (ours(x), reference(x).logits):
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+    theirs = dict(reference.named_parameters())
+    pairs = {"embed_tokens": (ours.embed.tok.weight, "model.embed_tokens.weight"),
+             "layers.1.k_proj": (ours.layers[1].self_attn.k_proj.weight, "model.layers.1.self_attn.k_proj.weight"),
+             "layers.0.gate_proj": (ours.layers[0].ffn.gate.weight, "model.layers.0.mlp.gate_proj.weight"),
+             "layers.0.input_layernorm": (ours.layers[0].norm1.weight, "model.layers.0.input_layernorm.weight")}
+    for name, (mine, their_name) in pairs.items():
+        assert report(f"{family}: gradient of {name}", (mine.grad - theirs[their_name].grad).abs().max()) < 1e-5
+
+
+def test_the_llama_is_read_from_its_shards(tiny_llamas):
+    folder, _, _ = tiny_llamas["llama"]
+    shards = sorted(p.name for p in folder.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (folder / "model.safetensors.index.json").is_file()
+    assert len(hf.weight_files(folder)) == len(shards)
+
+
+def test_bf16_weights_load_into_a_float32_model(tiny_llamas, tmp_path):
+    folder, _, reference = tiny_llamas["qwen2"]
+    half = tmp_path / "bf16"
+    reference.to(torch.bfloat16).save_pretrained(half)
+    reference.float()
+    shutil.copy(folder / "tokenizer.json", half / "tokenizer.json")
+    ours, exact = hf.load(half), hf.load(folder)
+    assert ours.embed.tok.weight.dtype == torch.float32
+    diff = (ours.layers[0].self_attn.q_proj.weight - exact.layers[0].self_attn.q_proj.weight).abs().max()
+    assert 0 < diff < 0.01  # bf16's rounding of weights of about 0.1, no more
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_config_keeps_each_familys_switches(tiny_llamas, family):
+    config = hf.read_config(tiny_llamas[family][0])
+    heads = LLAMA_FAMILY[family]["num_key_value_heads"]
+    assert (config.norm, config.ffn, config.n_kv_head, config.scale_embedding) == ("rmsnorm", "swiglu", heads, False)
+    assert config.bias == ("qkv" if family == "qwen2" else "none")
+    assert config.tie_embeddings == LLAMA_FAMILY[family]["tie_word_embeddings"]
+    assert (config.rope_scaling or {}).get("rope_type") == ("llama3" if family == "llama" else None)
+
+
+def changed(tiny_llamas, tmp_path, family, settings=None, drop_shard=False):
+    folder = tiny_llamas[family][0]
+    out = tmp_path / family
+    shutil.copytree(folder, out)
+    if settings:
+        config = json.loads((out / "config.json").read_text())
+        (out / "config.json").write_text(json.dumps({**config, **settings}))
+    if drop_shard:
+        next(out.glob("model-*.safetensors")).unlink()
+    return out
+
+
+@pytest.mark.parametrize("family, settings, message", [
+    ("llama", {"attention_bias": True}, "has attention_bias=true (biases on q, k, v and o alone)"),
+    ("mistral", {"sliding_window": 16}, "attends within a sliding window of 16 tokens"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "attends within a sliding window of 16 tokens"),
+    ("llama", {"head_dim": 16}, "has heads of 16 dimensions, not hidden_size / num_attention_heads"),
+    ("llama", {"hidden_act": "gelu"}, "has hidden_act='gelu', which our model does not compute (ours: 'silu')"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 10.0}},
+     "rope_scaling={'factor': 2.0, 'rope_type': 'yarn'}: supported are"),
+    ("qwen2", {"num_key_value_heads": 3}, "not a usable qwen2 config (n_kv_head=3 must divide n_head=4"),
+    ("llama", None, "lacks model-"),
+])
+def test_what_our_model_cannot_compute_is_a_one_line_error(tiny_llamas, tmp_path, capsys, family, settings, message):
+    folder = changed(tiny_llamas, tmp_path, family, settings, drop_shard=settings is None)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run_main(lambda: hf.load(folder))
+    err = capsys.readouterr().err
+    print(err.strip())
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert message in err, err
