@@ -127,16 +127,20 @@ def check_generation_fits(model, args, device, prompt_length: int):
     c, element = model.config, next(model.parameters()).element_size()
     length = prompt_length + args.num_tokens
     kv_layers = sum(kind == "softmax" for kind in c.layer_kinds()) if hasattr(c, "layer_kinds") else 0
-    state = state_bytes(model.init_state(1)) + kv_layers * 2 * 2 * length * c.d_model * element
+    state = state_bytes(model.init_state(1)) + kv_layers * 2 * 2 * length * kv_width(c) * element
     kept = (8 + 4 * c.vocab_size * args.check) * args.num_tokens if args.num_samples > 1 or args.check else 0
     check_fits(args.num_samples * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} "
                f"of --num_tokens {args.num_tokens}", "lower --num_samples or --num_tokens")
 
 
+def kv_width(config) -> int:  # a layer's keys' width: grouped-query attention keeps n_kv_head heads (SRU++: d_model)
+    return config.kv_width() if hasattr(config, "kv_width") else config.d_model
+
+
 def print_state_size(model, state, batch_size: int, length: int):
     """The recurrent state beside what a KV cache of the same length would hold (K and V, every layer)."""
     c, p = model.config, next(model.parameters())
-    kv_bytes = 2 * c.n_layer * batch_size * length * c.d_model * p.element_size()
+    kv_bytes = 2 * c.n_layer * batch_size * length * kv_width(c) * p.element_size()
     print(f"state after {length} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
           f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
 

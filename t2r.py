@@ -78,6 +78,9 @@ class Config:
     def layer_kinds(self) -> list:  # the causal self-attention kind of each decoder layer, bottom to top
         return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
 
+    def kv_width(self) -> int:  # the width of a layer's keys (and of its values): n_kv_head heads of d
+        return (self.n_kv_head or self.n_head) * (self.d_model // self.n_head)
+
     def to_dict(self) -> dict:  # a plain dict, so that checkpoints load with torch.load(weights_only=True)
         return asdict(self)
 

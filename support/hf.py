@@ -263,12 +263,12 @@ def load(folder: str) -> TransformerLM:
 
 
 def tokenizer_file(folder: str) -> str:
-    """The path of GPT-2's byte-level BPE, read with `tokenizers`: data.prepare cuts the corpus with it."""
+    """The path of the checkpoint's tokenizer.json, read with `tokenizers`: data.prepare cuts the corpus with it."""
     path = os.path.abspath(os.path.join(folder, "tokenizer.json"))
     try:
-        newline = Tokenizer.from_file(path).encode("\n").ids
+        newline = Tokenizer.from_file(path).encode("\n", add_special_tokens=False).ids  # no BOS a Llama's adds
     except Exception as error:  # missing or damaged: tokenizers raises a plain Exception
         raise UserError(f"cannot read {path} ({type(error).__name__}): download it with the model") from None
     if len(newline) != 1:  # data.prepare ends every line with it, as <eos>
-        raise UserError(f"{path} has no newline token: it is not GPT-2's byte-level BPE")
+        raise UserError(f"{path} has no newline token: data.prepare ends every line with one (a byte-level BPE has)")
     return path

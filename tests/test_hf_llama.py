@@ -116,3 +116,44 @@ def test_what_our_model_cannot_compute_is_a_one_line_error(tiny_llamas, tmp_path
     print(err.strip())
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert message in err, err
+
+
+# -----------------------------------------------------------------------------
+# The job: convert a Llama with grouped-query attention through the command line, finetune, generate
+
+FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
+            "--eval_interval", "4", "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8",
+            "--chunk_size", "8"]
+
+
+@pytest.fixture(scope="module")
+def finetuned_llama(tiny_llamas, tmp_path_factory):
+    from conftest import run_in_process
+    folder, corpus, _ = tiny_llamas["llama"]
+    out = tmp_path_factory.mktemp("finetuned-llama")
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus,
+                            "--out_dir", str(out / "run"), "--cache_dir", str(out / "cache"), *FINETUNE, cwd=out)
+    print(result.stdout[-1500:])
+    assert result.returncode == 0, result.stderr
+    return out / "run", result.stdout
+
+
+def test_a_converted_llama_keeps_its_switches_and_a_state_of_its_kv_heads(finetuned_llama):
+    run_dir, stdout = finetuned_llama
+    checkpoint = torch.load(run_dir / "model.pt", weights_only=True)
+    config = checkpoint["config"]
+    assert (config["attn"], config["n_kv_head"], config["norm"], config["rope_scaling"]["rope_type"]) == \
+        (["t2r", "t2r"], 2, "rmsnorm", "llama3")
+    assert checkpoint["model"]["layers.0.self_attn.feature_map.weight"].shape == (2, 8, 8)  # one map per kv head
+    assert "| t2r+pretrain | 8 |" in stdout
+
+
+def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_llama):
+    from conftest import assert_check_passes, run
+    run_dir, _ = finetuned_llama
+    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens", "40",
+              "--check", cwd=run_dir)
+    print(gen.stdout[-600:])
+    assert_check_passes(gen.stdout)
+    # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 46 tokens x 4 B
+    assert "folded, Eq. 8" not in gen.stdout and "a KV cache of that length holds 11.5 KiB" in gen.stdout
