@@ -4,6 +4,7 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py                                       # the T2R model of `train_lm.py --init pretrained`
     python generate.py --ckpt out/ptb-softmax-random/model.pt # the softmax teacher, with a KV cache
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
+    python generate.py --prompt "the" --prompt "a new york bank said"   # a batch: each prompt continued as alone
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
     python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
@@ -32,7 +33,8 @@ from train_lm import data_identity
 def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
     p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
-    p.add_argument("--prompt", default="the", help="text to continue (words outside the vocabulary become <unk>)")
+    p.add_argument("--prompt", action="append", help="text to continue (words outside the vocabulary become <unk>); "
+                   "repeat it for a batch of prompts, each continued as it would be alone (default: the)")
     p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
@@ -48,8 +50,9 @@ def get_args(argv=None):
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
     args = p.parse_args(argv)
+    args.prompt = args.prompt or ["the"]
     try:
-        args.prompt.encode("utf-8")
+        [prompt.encode("utf-8") for prompt in args.prompt]
     except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
         p.error("--prompt is not UTF-8 text: pass it in UTF-8 (e.g. convert with iconv -t utf-8)")
     if args.compile and args.step == "graph":
@@ -72,30 +75,34 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
 
 
 @torch.no_grad()
-def generate_recurrent(model, prompt, num_tokens, pick, on_token):
-    """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens: each
-    new token and its step's logits go to on_token(token, logits), which keeps what it needs. Returns the state."""
-    state = model.init_state(prompt.shape[0])
-    for t in range(prompt.shape[1] - 1):  # prefill: the prompt's own predictions are not needed
-        model.step(prompt[:, t], state)
-    token = prompt[:, -1]
-    for _ in range(num_tokens):
+def generate_recurrent(model, prompt, num_tokens, pick, on_token, lengths=None):
+    """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens.
+    prompt (B, T): one prompt a row, row b's first lengths[b] tokens (all T without lengths; the rest is never read).
+    Every row is at the same position at every step and feeds its own tokens, its prompt's, then its picks: no padding
+    enters a state, so each prompt gets the continuation it would get alone. After each step on_token(token, logits,
+    fresh) gets every row's next token (B,), the logits (B, V) and fresh (B,), True where the token is the row's
+    pick (past its prompt); it keeps what it needs and drops a row's picks past its num_tokens-th. Returns the state."""
+    lengths = torch.full_like(prompt[:, 0], prompt.shape[1]) if lengths is None else lengths
+    state, token = model.init_state(prompt.shape[0]), prompt[:, 0]
+    for t in range(prompt.shape[1] - 1 + num_tokens):  # the longest prompt's prefill, then its num_tokens
         logits, state = model.step(token, state)
-        token = pick(logits)
-        on_token(token, logits)
+        fresh = lengths <= t + 1  # past the row's prompt: its logits pick its next token
+        ahead = prompt[:, min(t + 1, prompt.shape[1] - 1)]  # the prompt's next token, where it has one
+        token = torch.where(fresh, pick(logits), ahead) if fresh.any() else ahead  # no pick, no random draw, before
+        on_token(token, logits, fresh)
     return state
 
 
 @torch.no_grad()
 def generate_recompute(model, prompt, num_tokens, pick, on_token):
     """The transformer way without a cache: run the whole sequence again for every new token (it grows: the
-    baseline). Calls on_token as generate_recurrent does; no state."""
+    baseline). Prompts of one length (every token is fresh); calls on_token as generate_recurrent does; no state."""
     sequence = prompt
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
         sequence = torch.cat([sequence, token[:, None]], dim=1)
-        on_token(token, logits)
+        on_token(token, logits, torch.ones_like(token, dtype=torch.bool))
 
 
 def load_tokenizer(checkpoint):
@@ -120,17 +127,18 @@ def check_positions(config, prompt_length: int, args):
                         f"positions {args.ckpt} has learned: {room}")
 
 
-def check_generation_fits(model, args, device, prompt_length: int):
-    """What generation holds, refused in one line where it cannot fit. Each sample: its state at the last token (a KV
-    cache grows, and doubles when full) and a step's logits with sampling's copies (3 x 4 bytes a word); with several
-    samples the tokens kept to print them (8 bytes each), with --check every step's logits too."""
+def check_generation_fits(model, args, device, prompt_length: int, rows: int):
+    """What generation holds, refused in one line where it cannot fit. Each row (a prompt's sample): its state at the
+    last token (a KV cache grows, and doubles when full) and a step's logits with sampling's copies (3 x 4 bytes a
+    word); with several rows the tokens kept to print them (8 bytes each), with --check every step's logits too."""
     c, element = model.config, next(model.parameters()).element_size()
     length = prompt_length + args.num_tokens
     kv_layers = sum(kind == "softmax" for kind in c.layer_kinds()) if hasattr(c, "layer_kinds") else 0
     state = state_bytes(model.init_state(1)) + kv_layers * 2 * 2 * length * kv_width(c) * element
-    kept = (8 + 4 * c.vocab_size * args.check) * args.num_tokens if args.num_samples > 1 or args.check else 0
-    check_fits(args.num_samples * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} "
-               f"of --num_tokens {args.num_tokens}", "lower --num_samples or --num_tokens")
+    kept = 8 * args.num_tokens * (rows > 1 or args.check) + 4 * c.vocab_size * (length - 1) * args.check
+    check_fits(rows * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} of "
+               f"--num_tokens {args.num_tokens}" + (f" for {len(args.prompt)} prompts" if len(args.prompt) > 1 else ""),
+               "lower --num_samples, --num_tokens or the prompts")
 
 
 def kv_width(config) -> int:  # a layer's keys' width: grouped-query attention keeps n_kv_head heads (SRU++: d_model)
@@ -238,7 +246,8 @@ def pick_run(model, args, device, length: int):
     what, form = describe(model)
     if args.mode == "recompute":
         print(f"{args.ckpt}: {what}, mode recompute")
-        return lambda *rest: generate_recompute(model, *rest)
+        return lambda prompt, num_tokens, pick, on_token, lengths: generate_recompute(model, prompt, num_tokens, pick,
+                                                                                  on_token)
     decoder = make_decoder(model, args, device, length)
     own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
     step = f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else own
@@ -278,54 +287,69 @@ def main():
     decoding_kernels()
     device = get_device(args.device)
     model, lm = load_model(args, device)
-    ids = lm.encode(args.prompt)
-    if not ids:
-        raise UserError("--prompt is empty: give at least one word to continue")
-    check_positions(model.config, len(ids), args)
-    check_generation_fits(model, args, device, len(ids))
-    prompt = torch.tensor([ids] * args.num_samples, device=device)
+    prompts = [lm.encode(text) for text in args.prompt]
+    if not all(prompts):
+        raise UserError("a --prompt is empty: give at least one word to continue")
+    if args.mode == "recompute" and len(set(map(len, prompts))) > 1:
+        raise UserError("--mode recompute runs prompts of one length (it keeps no state per row): use --mode "
+                        "recurrent, or one --prompt")
+    longest = max(map(len, prompts))
+    check_positions(model.config, longest, args)
+    check_generation_fits(model, args, device, longest, len(prompts) * args.num_samples)
+    rows = [ids for ids in prompts for _ in range(args.num_samples)]  # each prompt's samples
+    lengths = torch.tensor([len(ids) for ids in rows], device=device)
+    prompt = torch.tensor([ids + [0] * (longest - len(ids)) for ids in rows], device=device)  # the 0s are not read
     generator = torch.Generator(device=device).manual_seed(args.seed)
 
     def pick(logits):
         return sample(logits, args.temperature, args.top_k, generator)
 
-    recent, kept_tokens, kept_logits = list(ids[-7:]), [], []  # a short window is decoded: O(1) per token
+    recent, picked, kept_logits = list(rows[0][-7:]), [[] for _ in rows], []  # a short window is decoded: O(1)
 
-    def on_token(token, logits):
-        """Print what the new token adds to the decoded text (one sample: BPE pieces join up, <eos> is a new line);
-        keep only what the end needs: several samples' tokens, printed then, and for --check every step's logits."""
-        if args.num_samples == 1:
+    def on_token(token, logits, fresh):
+        """Print what the new token adds to the decoded text (one row: BPE pieces join up, <eos> is a new line);
+        keep only what the end needs: several rows' tokens, printed then, and for --check every step's logits."""
+        if len(rows) == 1:
             before = lm.decode(recent)
             recent.append(int(token[0]))
             print(lm.decode(recent)[len(before):], end="", flush=True)
             del recent[:-7]
-        if args.num_samples > 1 or args.check:
-            kept_tokens.append(token)
+        if len(rows) > 1 or args.check:
+            for b in fresh.nonzero()[:, 0].tolist():
+                if len(picked[b]) < args.num_tokens:  # a row whose prompt is shorter is done sooner
+                    picked[b].append(int(token[b]))
         if args.check:
             kept_logits.append(logits)
 
-    run = pick_run(model, args, device, prompt.shape[1] + args.num_tokens)
-    print(lm.decode(ids), end="", flush=True)
+    run = pick_run(model, args, device, longest + args.num_tokens)
+    if len(rows) == 1:
+        print(lm.decode(rows[0]), end="", flush=True)
     start = time.time()
-    state = run(prompt, args.num_tokens, pick, on_token)
+    state = run(prompt, args.num_tokens, pick, on_token, lengths)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.time() - start
     print()
-    tokens = torch.stack(kept_tokens, 1) if kept_tokens else None
-    if args.num_samples > 1:
-        for i in range(args.num_samples):
-            print(f"--- sample {i}\n{lm.decode(ids + tokens[i].tolist())}")
-    total = prompt.shape[1] + args.num_tokens
-    print(f"\n{args.num_samples * args.num_tokens / seconds:,.1f} tokens/s ({args.num_samples} x {args.num_tokens} "
-          f"tokens in {seconds:.2f} s)")
+    for b, ids in enumerate(rows if len(rows) > 1 else []):
+        which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
+        print(f"--- {which}sample {b % args.num_samples}\n{lm.decode(ids + picked[b])}")
+    print(f"\n{len(rows) * args.num_tokens / seconds:,.1f} tokens/s ({len(rows)} x {args.num_tokens} tokens in "
+          f"{seconds:.2f} s)")
     if state is not None:
-        print_state_size(model, state, args.num_samples, total)
+        print_state_size(model, state, len(rows), longest + args.num_tokens)
     if args.check:
-        with torch.no_grad():
-            parallel = model(torch.cat([prompt, tokens], dim=1)[:, :-1])[:, prompt.shape[1] - 1 :]
-        logits = torch.stack(kept_logits, 1)
-        print(f"check: max |recurrent - parallel| logits = {(parallel - logits).abs().max().item():.2e}")
+        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits):.2e}")
+
+
+@torch.no_grad()
+def check(model, rows, picked, kept_logits) -> float:
+    """The largest difference between each row's generation logits and one parallel pass over its prompt and picks."""
+    logits, worst = torch.stack(kept_logits, 1), 0.0  # (B, steps, V): row b's picks from step len(prompt b) - 1
+    for b, (ids, new) in enumerate(zip(rows, picked)):
+        sequence = torch.tensor([ids + new[:-1]], device=logits.device)
+        parallel = model(sequence)[0, len(ids) - 1:]
+        worst = max(worst, (parallel - logits[b, len(ids) - 1: len(ids) - 1 + len(new)]).abs().max().item())
+    return worst
 
 
 if __name__ == "__main__":

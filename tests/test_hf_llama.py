@@ -157,3 +157,45 @@ def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_
     assert_check_passes(gen.stdout)
     # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 46 tokens x 4 B
     assert "folded, Eq. 8" not in gen.stdout and "a KV cache of that length holds 11.5 KiB" in gen.stdout
+
+
+def continuations(model, prompts, num_tokens=6):
+    """Greedy continuations of prompts (lists of ids) generated as one batch, and the logits of their picks."""
+    import generate
+    longest = max(map(len, prompts))
+    prompt = torch.tensor([p + [0] * (longest - len(p)) for p in prompts])
+    picked, logits = [[] for _ in prompts], [[] for _ in prompts]
+
+    def on_token(token, step_logits, fresh):
+        for b in fresh.nonzero()[:, 0].tolist():
+            if len(picked[b]) < num_tokens:
+                picked[b].append(int(token[b]))
+                logits[b].append(step_logits[b])
+    generate.generate_recurrent(model, prompt, num_tokens, lambda x: x.argmax(-1), on_token,
+                                torch.tensor([len(p) for p in prompts]))
+    return picked, [torch.stack(rows) for rows in logits]
+
+
+@pytest.mark.parametrize("kind", ["softmax", "t2r"])
+def test_a_batch_of_prompts_of_different_lengths_continues_each_as_alone(tiny_llamas, kind):
+    """Padding never enters a state: each row of the batch feeds its own prompt, then its own picks."""
+    import t2r
+    folder, _, _ = tiny_llamas["llama"]
+    torch.manual_seed(0)
+    model = hf.load(folder).double().eval()
+    model = model if kind == "softmax" else t2r.convert(model, "t2r", 8).eval()
+    prompts = [[5, 9, 13, 2, 7, 11], [3], [8, 4, 6]]
+    together, together_logits = continuations(model, prompts)
+    for prompt, tokens, logits in zip(prompts, together, together_logits):
+        alone, (alone_logits,) = continuations(model, [prompt])
+        assert tokens == alone[0] and (logits - alone_logits).abs().max() < 1e-10
+
+
+def test_generate_takes_a_batch_of_prompts_and_checks_each(finetuned_llama):
+    from conftest import assert_check_passes, run
+    run_dir, _ = finetuned_llama
+    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3 w4 w5", "--prompt", "w2",
+              "--num_tokens", "12", "--temperature", "0", "--check", cwd=run_dir)
+    print(gen.stdout[-800:])
+    assert_check_passes(gen.stdout)
+    assert "--- prompt 0, sample 0\nw1 w2 w3 w4 w5" in gen.stdout and "--- prompt 1, sample 0\nw2" in gen.stdout

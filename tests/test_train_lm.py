@@ -635,7 +635,7 @@ def test_generation_holds_the_same_memory_whatever_the_number_of_tokens_asked_fo
     def held_at_step_20(num_tokens):
         steps = []
 
-        def on_token(token, logits):
+        def on_token(token, logits, fresh):
             steps.append(token)
             if len(steps) == 20:
                 steps[:] = [live_tensor_bytes()]
