@@ -33,7 +33,7 @@ def memory(config: Config, feature_size: int = FEATURE_SIZE, length: int = LENGT
         state = state_bytes(student.init_state(batch_size=1))
     weights = 4 * student.num_params()
     return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
-            f"kv_cache_{length}": 4 * 2 * config.n_layer * length * config.d_model}
+            f"kv_cache_{length}": 4 * 2 * config.n_layer * length * config.kv_width()}
 
 
 def step_seconds(model, repeats: int, tokens: int = 512) -> float:

@@ -199,3 +199,18 @@ def test_generate_takes_a_batch_of_prompts_and_checks_each(finetuned_llama):
     print(gen.stdout[-800:])
     assert_check_passes(gen.stdout)
     assert "--- prompt 0, sample 0\nw1 w2 w3 w4 w5" in gen.stdout and "--- prompt 1, sample 0\nw2" in gen.stdout
+
+
+def test_smollm2s_cost_figures_come_from_its_shapes():
+    """SmolLM2-135M: transformers' own model of its config has the parameters ours has before conversion; T2R adds
+    one k x (d + 1) feature map per key/value head and layer, and its state is one k x (d + 1) [S | z] for each."""
+    from experiments import gpt2_cost, llama_cost
+    settings = {k: v for k, v in llama_cost.SMOLLM2_135M.items() if k != "model_type"}
+    with torch.device("meta"):
+        theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).num_parameters()
+    config = hf.llama_config(llama_cost.SMOLLM2_135M, "SmolLM2-135M")
+    figures = gpt2_cost.memory(config)
+    per_head = 32 * (64 + 1)  # k x (d + 1)
+    print(f"{theirs:,} parameters", {k: f"{v:,}" for k, v in figures.items()})
+    assert theirs == 134_515_008 and figures["weights"] == 4 * (theirs + 30 * 3 * per_head)
+    assert figures["t2r_state"] == 4 * 30 * 3 * per_head and figures["kv_cache_1024"] == 4 * 2 * 30 * 1024 * 3 * 64
