@@ -91,8 +91,9 @@ def folder_of(spec: str) -> str:
         from huggingface_hub import snapshot_download  # imported here: only a download needs it
         return snapshot_download(name, allow_patterns=FILES)
     except Exception as error:  # offline, an unknown name, a gated model: the hub's many errors all mean the same here
+        files = " ".join(repr(pattern) for pattern in FILES)
         raise UserError(f"could not download {name} from the Hugging Face hub ({type(error).__name__}): where the "
-                        f"network allows, run `hf download {name} {' '.join(FILES)} --local-dir {name}`, bring "
+                        f"network allows, run `hf download {name} --include {files} --local-dir {name}`, bring "
                         f"that folder here and pass --pretrained hf:./{name}") from None
 
 

@@ -214,3 +214,30 @@ def test_smollm2s_cost_figures_come_from_its_shapes():
     print(f"{theirs:,} parameters", {k: f"{v:,}" for k, v in figures.items()})
     assert theirs == 134_515_008 and figures["weights"] == 4 * (theirs + 30 * 3 * per_head)
     assert figures["t2r_state"] == 4 * 30 * 3 * per_head and figures["kv_cache_1024"] == 4 * 2 * 30 * 1024 * 3 * 64
+
+
+def test_a_hub_name_fetches_the_config_the_tokenizer_and_every_shard(tiny_llamas, tmp_path, monkeypatch):
+    """hf:NAME through a faked snapshot_download that serves the tiny llama's folder, file by file, as the hub would
+    for the patterns asked: what it fetches loads (its shards and their index included), and nothing else comes."""
+    import fnmatch
+    import huggingface_hub
+    folder, _, reference = tiny_llamas["llama"]
+    asked = {}
+
+    def snapshot_download(name, allow_patterns):
+        asked[name] = allow_patterns
+        out = tmp_path / "hub" / name
+        out.mkdir(parents=True)
+        for path in folder.iterdir():
+            if any(fnmatch.fnmatch(path.name, pattern) for pattern in allow_patterns):
+                shutil.copy(path, out / path.name)
+        return str(out)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    fetched = hf.folder_of("hf:HuggingFaceTB/SmolLM2-135M")
+    names = sorted(p.name for p in (tmp_path / "hub" / "HuggingFaceTB/SmolLM2-135M").iterdir())
+    print(names)
+    assert "generation_config.json" not in names and "model.safetensors.index.json" in names
+    x = tokens(reference.config.vocab_size)
+    with torch.no_grad():
+        assert (hf.load(fetched)(x) - reference(x).logits).abs().max() < 1e-5
+    assert hf.tokenizer_file(fetched).endswith("tokenizer.json")
