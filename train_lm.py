@@ -11,6 +11,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
     python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (support/hf.py):
                                                     # evaluated as it is, converted, finetuned with its tokenizer
+    python train_lm.py --init pretrained --pretrained hf:HuggingFaceTB/SmolLM2-135M   # a Llama (or Qwen2, Mistral)
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
 make_model() shows how the model is made (resumed, converted, or new); support/job.py's run() hands it to the loop.

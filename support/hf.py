@@ -7,8 +7,10 @@ attention (the switches at the end of t2r.Config). Each family has a table of wh
     python train_lm.py --init pretrained --pretrained hf:gpt2     # download GPT-2 (124M), convert, finetune on PTB
     python train_lm.py --init pretrained --pretrained hf:./gpt2   # a folder of config.json, model.safetensors and
                                                                   # tokenizer.json (or pytorch_model.bin)
+    python train_lm.py --init pretrained --pretrained hf:HuggingFaceTB/SmolLM2-135M   # a Llama: the same job
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt --prompt "the company said"
     python -m experiments.gpt2_cost                               # its memory and CPU speed as T2R
+    python -m experiments.llama_cost                              # SmolLM2-135M's, from 1K to 8K tokens
 """
 
 import json
