@@ -762,8 +762,8 @@ def rope_frequencies(config: Config) -> torch.Tensor:
         return (inv_freq / scaling["factor"]).float()
     if scaling.get("rope_type") == "llama3":  # low frequencies divided by the factor, high ones kept, a blend between
         factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        wavelength = scaling["original_max_position_embeddings"] / (2 * math.pi / inv_freq)  # context / wavelength
-        blend = ((wavelength - low) / (high - low)).clamp(0, 1)  # 0: long waves (stretched), 1: short ones (kept)
+        cycles = scaling["original_max_position_embeddings"] * inv_freq / (2 * math.pi)  # waves in the old context
+        blend = ((cycles - low) / (high - low)).clamp(0, 1)  # 0: long waves (stretched), 1: short ones (kept)
         return ((1 - blend) * inv_freq / factor + blend * inv_freq).float()
     return inv_freq.float()
 

@@ -437,7 +437,7 @@ def test_a_page_without_attention_rows_links_no_attention_figure(tmp_path):
 
 def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tmp_path):
     csvs = [f"{name}.csv" for name in study_report.CSVS + study_report.OPTIONAL_CSVS]
-    for name in csvs + ["machine.json", "bench/bench.csv"]:
+    for name in csvs + ["machine.json", "mqar.json", "bench/bench.csv"]:
         if os.path.isfile(os.path.join(ROOT, "results", name)):  # a missing CSV the report needs fails it below
             (tmp_path / name).parent.mkdir(exist_ok=True)
             (tmp_path / name).write_bytes(open(os.path.join(ROOT, "results", name), "rb").read())
@@ -454,3 +454,5 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
     assert headline in readme, "the README quotes the summary's verdict count"
     table = "\n".join(line for line in summary if line.startswith("|"))
     assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
+    recall = [line for line in summary if line.startswith(("- **Kept**", "- **Lost**", "- **From scratch**"))]
+    assert all(line in readme for line in recall), "the README quotes the summary's MQAR lines: copy them"
