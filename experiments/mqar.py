@@ -4,7 +4,8 @@ What a fixed-size state forgets, where it can be seen: multi-query associative r
 must answer each with its value. Softmax attention looks the key up in its KV cache; a T2R state (S, z) of k x d
 numbers a head must hold all N pairs at once.
 
-    python -m experiments.mqar               # the experiment (at these sizes ~2.5 hours on 2 CPU cores); resumable
+    python -m experiments.mqar               # the experiment: about an hour on 2 CPU cores (measured 2026-11-25:
+                                             # 72 minutes of training, some 12 of them shared with other work); resumable
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
     python -m experiments.mqar --dry_run     # the runs, and what each trains
 

@@ -18,6 +18,7 @@ import argparse
 import csv
 import json
 import os
+import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -244,26 +245,29 @@ FEW_PAIRS = 8  # MQAR's "few pairs": where a state of the smallest k still has r
 
 
 def mqar_reading(rows: list) -> list:
-    """Three lines from the numbers: what the conversions keep with few pairs, what they lose with the most, and
-    the same models trained from scratch."""
+    """Three lines from the numbers: what plain T2R keeps with few pairs, what it loses with the most (and what the
+    window and attention transfer change), and the models trained from scratch. Models by their names in mqar.py's
+    plan: t2r<k>, t2r<k>+transfer, t2r<k>+window<W>, "... from scratch"."""
     pairs = sorted({r["pairs"] for r in rows})
     if not pairs:
         return []
     few, most = (FEW_PAIRS if FEW_PAIRS in pairs else pairs[0]), pairs[-1]
     at = lambda model, n: next((r for r in rows if r["model"] == model and r["pairs"] == n), None)
-    converted = [m for m in dict.fromkeys(r["model"] for r in rows) if m.startswith("t2r") and "scratch" not in m]
-    teacher = at("softmax", few) and at("softmax", most)
-    if not (teacher and converted):
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    plain = sorted((m for m in models if re.fullmatch(r"t2r\d+", m)), key=lambda m: int(m[3:]))
+    if not (plain and at("softmax", few) and at("softmax", most)):
         return []
-    span = lambda n: (f"{min(at(m, n)['accuracy'] for m in converted):.2f}-"
-                      f"{max(at(m, n)['accuracy'] for m in converted):.2f}")
-    best = max(converted, key=lambda m: at(m, most)["accuracy"])
-    scratch = [m for m in dict.fromkeys(r["model"] for r in rows) if "scratch" in m]
-    lines = [f"- **Kept**: at {few} pairs the {len(converted)} conversions recall {span(few)} (the teacher "
-             f"{at('softmax', few)['accuracy']:.2f}).",
-             f"- **Lost**: at {most} pairs they recall {span(most)}, the best {best} "
-             f"({at(best, most)['state_bytes']:,} bytes of state), against the teacher's "
-             f"{at('softmax', most)['accuracy']:.2f} from a {at('softmax', most)['state_bytes']:,}-byte KV cache."]
+    span = lambda names, n: "-".join(f"{f(at(m, n)['accuracy'] for m in names):.2f}" for f in (min, max))
+    ends = lambda n: " to ".join(f"{at(m, n)['accuracy']:.2f} (k = {m[3:]}, {at(m, n)['state_bytes']:,} bytes of state)"
+                                 for m in (plain[0], plain[-1]))
+    variants = [(name, [m for m in models if m.startswith("t2r") and key in m]) for name, key in
+                (("a softmax window", "+window"), ("attention transfer first", "+transfer"))]
+    lines = [f"- **Kept**: at {few} pairs T2R recalls {span(plain, few)} (k = {', '.join(m[3:] for m in plain)}; "
+             f"the teacher {at('softmax', few)['accuracy']:.2f}).",
+             f"- **Lost**: at {most} pairs it recalls {ends(most)}, against the teacher's "
+             f"{at('softmax', most)['accuracy']:.2f} from a {at('softmax', most)['state_bytes']:,}-byte KV cache"
+             + "".join(f"; with {name}, {span(found, most)}" for name, found in variants if found) + "."]
+    scratch = [m for m in models if "scratch" in m]
     if scratch:
         lines.append("- **From scratch**, for the teacher's steps: " + ", ".join(
             f"{m} {at(m, few)['accuracy']:.2f} at {few} pairs and {at(m, most)['accuracy']:.2f} at {most}"

@@ -241,3 +241,12 @@ def test_a_hub_name_fetches_the_config_the_tokenizer_and_every_shard(tiny_llamas
     with torch.no_grad():
         assert (hf.load(fetched)(x) - reference(x).logits).abs().max() < 1e-5
     assert hf.tokenizer_file(fetched).endswith("tokenizer.json")
+
+
+def test_the_window_hybrid_on_a_grouped_query_llama_is_a_one_line_error(tiny_llamas, tmp_path):
+    from conftest import assert_one_line_error, run_in_process
+    folder, corpus, _ = tiny_llamas["llama"]
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus,
+                            "--window", "4", "--out_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"),
+                            *FINETUNE, cwd=tmp_path)
+    assert_one_line_error(result, "the sliding-window hybrid takes one key/value head per query head")

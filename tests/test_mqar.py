@@ -89,9 +89,9 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     print(page[page.index("## What a fixed state"):page.index("## Feature size")])
     assert "| t2r64 | 800 | 66,560 | 0.950 | 0.500 |" in page
     assert "`python -m experiments.mqar` on a CPU, 2 threads, torch 2.13.0+cpu, 2026-11-25 (58 minutes" in page
-    kept = "- **Kept**: at 8 pairs the 2 conversions recall 0.90-0.95 (the teacher 1.00)."
-    lost = "- **Lost**: at 64 pairs they recall 0.20-0.50, the best t2r64 (66,560 bytes of state), against the " \
-           "teacher's 0.99 from a 65,536-byte KV cache."
+    kept = "- **Kept**: at 8 pairs T2R recalls 0.90-0.95 (k = 8, 64; the teacher 1.00)."
+    lost = "- **Lost**: at 64 pairs it recalls 0.20 (k = 8, 9,216 bytes of state) to 0.50 (k = 64, 66,560 bytes of " \
+           "state), against the teacher's 0.99 from a 65,536-byte KV cache."
     scratch = "- **From scratch**, for the teacher's steps: t2r32 from scratch 0.30 at 8 pairs and 0.05 at 64."
     assert all(line in page and line in summary for line in (kept, lost, scratch))
     assert (tmp_path / "mqar.png").stat().st_size > 0
