@@ -51,6 +51,24 @@ def step_seconds(model, repeats: int, tokens: int = 512) -> float:
     return statistics.median(times[1:])
 
 
+def print_memory(figures: dict):
+    for what, size in figures.items():
+        print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
+
+
+def timed_models(config: Config, shape: str, repeats: int) -> tuple:
+    """The softmax model of the config's shape with random weights and its T2R conversion (chunked: the form that
+    finetunes), after printing one finetuning step's seconds of each."""
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}; random weights of {shape} shape")
+    torch.manual_seed(0)
+    teacher = TransformerLM(config)
+    student = convert(teacher, "t2r", FEATURE_SIZE)
+    for name, model in (("softmax", teacher), (f"t2r k={FEATURE_SIZE}", student)):
+        print(f"finetuning step, batch 1 x 512 | {name} | {step_seconds(model, repeats):.2f} s", flush=True)
+    return teacher, student
+
+
 def decoding(model) -> tuple:
     """Greedy tokens/s over LENGTH tokens at batch 1, and the per-token latency at tokens 32 and LENGTH."""
     generate(model, "step", 1, 16, torch.device("cpu"))  # warm-up
@@ -64,17 +82,10 @@ def main(argv=None):
     p.add_argument("--repeats", type=positive_int, default=2, help="finetuning steps timed after the warm-up")
     args = p.parse_args(argv)
     config = hf.gpt2_config(hf.GPT2, "GPT-2 (124M)")
-    for what, size in memory(config).items():
-        print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
+    print_memory(memory(config))
     if args.memory_only:
         return
-    threads = torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}; random weights of GPT-2's shape")
-    torch.manual_seed(0)
-    teacher = TransformerLM(config)
-    student = convert(teacher, "t2r", FEATURE_SIZE)  # chunked: the form that finetunes
-    for name, model in (("softmax", teacher), (f"t2r k={FEATURE_SIZE}", student)):
-        print(f"finetuning step, batch 1 x 512 | {name} | {step_seconds(model, args.repeats):.2f} s", flush=True)
+    teacher, student = timed_models(config, "GPT-2's", args.repeats)
     with torch.no_grad():
         for name, model in (("softmax, KV cache", teacher.eval()), (f"t2r k={FEATURE_SIZE}, folded", fold(student))):
             rate, first, last = decoding(model)

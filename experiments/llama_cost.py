@@ -15,10 +15,9 @@ feature map reads the rotated q and k, so T2R decodes unfolded (Eq. 8 does not a
 
 import torch
 from bench import generate, latency_at
-from experiments.gpt2_cost import FEATURE_SIZE, memory, step_seconds
+from experiments.gpt2_cost import FEATURE_SIZE, memory, print_memory, timed_models
 from support import hf
 from support.runtime import Parser, positive_int, run_main
-from t2r import TransformerLM, convert
 
 # SmolLM2-135M's config.json (HuggingFaceTB/SmolLM2-135M), the settings our model reads
 SMOLLM2_135M = dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -33,18 +32,11 @@ def main(argv=None):
     p.add_argument("--repeats", type=positive_int, default=2, help="finetuning steps timed after the warm-up")
     args = p.parse_args(argv)
     config = hf.llama_config(SMOLLM2_135M, "SmolLM2-135M")
-    figures = {**memory(config), **{f"kv_cache_{n}": 4 * 2 * config.n_layer * n * config.kv_width() for n in LENGTHS}}
-    for what, size in figures.items():
-        print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
+    print_memory({**memory(config), **{f"kv_cache_{n}": 4 * 2 * config.n_layer * n * config.kv_width()
+                                       for n in LENGTHS}})
     if args.memory_only:
         return
-    threads = torch.get_num_threads()
-    print(f"torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}; random weights of SmolLM2-135M's shape")
-    torch.manual_seed(0)
-    teacher = TransformerLM(config)
-    student = convert(teacher, "t2r", FEATURE_SIZE)  # chunked: the form that finetunes
-    for name, model in (("softmax", teacher), (f"t2r k={FEATURE_SIZE}", student)):
-        print(f"finetuning step, batch 1 x 512 | {name} | {step_seconds(model, args.repeats):.2f} s", flush=True)
+    teacher, student = timed_models(config, "SmolLM2-135M's", args.repeats)
     with torch.no_grad():
         for name, model in (("softmax, KV cache", teacher.eval()), (f"t2r k={FEATURE_SIZE}", student.eval())):
             generate(model, "step", 1, 16, torch.device("cpu"))  # warm-up
