@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import t2r
+from support import llama_layers
 from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, fold, state_bytes
 
 LLAMA = dict(norm="rmsnorm", ffn="swiglu", bias="none", n_kv_head=2, rope_theta=10_000.0, scale_embedding=False)
@@ -57,9 +58,9 @@ def test_rmsnorm_and_swiglu_compute_their_formulas():
 def test_rotary_scores_depend_on_the_distance_alone():
     torch.manual_seed(0)
     q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
-    inv_freq = t2r.rope_frequencies(Config(n_head=1, d_model=16, rope_theta=100.0))
-    cos, sin = t2r.rotary_angles(torch.arange(40), inv_freq, torch.float64)
-    score = lambda i, j: t2r.rotate(q, cos[i], sin[i]) @ t2r.rotate(k, cos[j], sin[j])
+    inv_freq = llama_layers.rope_frequencies(Config(n_head=1, d_model=16, rope_theta=100.0))
+    cos, sin = llama_layers.rotary_angles(torch.arange(40), inv_freq, torch.float64)
+    score = lambda i, j: llama_layers.rotate(q, cos[i], sin[i]) @ llama_layers.rotate(k, cos[j], sin[j])
     assert abs(score(7, 3) - score(36, 32)) < 1e-12 and abs(score(7, 3) - score(7, 4)) > 1e-3
 
 
@@ -174,8 +175,8 @@ def test_a_switch_that_cannot_be_is_one_line(switches, message):
 def test_llama3_frequencies_keep_the_short_waves_and_stretch_the_long_ones():
     scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=64)
-    plain = t2r.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0))
-    stretched = t2r.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0, rope_scaling=scaling))
+    plain = llama_layers.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0))
+    stretched = llama_layers.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0, rope_scaling=scaling))
     wavelength = 2 * math.pi / plain
     short, long = wavelength < 64 / 4, wavelength > 64 / 1
     assert torch.equal(stretched[short], plain[short]) and torch.allclose(stretched[long], plain[long] / 8)
