@@ -83,12 +83,15 @@ def generate_recurrent(model, prompt, num_tokens, pick, on_token, lengths=None):
     fresh) gets every row's next token (B,), the logits (B, V) and fresh (B,), True where the token is the row's
     pick (past its prompt); it keeps what it needs and drops a row's picks past its num_tokens-th. Returns the state."""
     lengths = torch.full_like(prompt[:, 0], prompt.shape[1]) if lengths is None else lengths
-    state, token = model.init_state(prompt.shape[0]), prompt[:, 0]
-    for t in range(prompt.shape[1] - 1 + num_tokens):  # the longest prompt's prefill, then its num_tokens
+    shortest, longest = int(lengths.min()), prompt.shape[1]  # read once: the loop never waits on the device
+    state, token, every = model.init_state(prompt.shape[0]), prompt[:, 0], torch.ones_like(lengths, dtype=torch.bool)
+    for t in range(longest - 1 + num_tokens):  # the longest prompt's prefill, then its num_tokens
         logits, state = model.step(token, state)
-        fresh = lengths <= t + 1  # past the row's prompt: its logits pick its next token
-        ahead = prompt[:, min(t + 1, prompt.shape[1] - 1)]  # the prompt's next token, where it has one
-        token = torch.where(fresh, pick(logits), ahead) if fresh.any() else ahead  # no pick, no random draw, before
+        if t + 1 >= longest:  # every row past its prompt: the logits pick every next token
+            token, fresh = pick(logits), every
+        else:  # a row still in its prompt feeds the prompt's next token; no pick (no random draw) before the first
+            fresh, ahead = lengths <= t + 1, prompt[:, t + 1]
+            token = torch.where(fresh, pick(logits), ahead) if t + 1 >= shortest else ahead
         on_token(token, logits, fresh)
     return state
 
