@@ -221,18 +221,25 @@ def meta_twin(model):
     return type(model)(model.config)
 
 
-def check_training_fits(task, make):
-    """Refuse in one line, before anything is allocated, a run whose model (make() on the meta device: its shapes,
-    no memory) cannot train in the memory free on the device: 16 bytes a parameter (weights, gradients, Adam's two
-    moments) and, at the least, the activations the backward pass keeps for each token of a step."""
-    with torch.device("meta"):
-        model = make()
+def training_bytes(model, tokens: int, element: int) -> tuple:
+    """16 bytes a parameter (weights, gradients, Adam's two moments) and, at the least, the activations the backward
+    pass keeps for each of a step's tokens, `element` bytes each: (weights, activations)."""
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     layers = c.n_layer + getattr(c, "n_encoder_layer", 0)
-    per_token = layers * (12 * c.d_model + 2 * getattr(c, "d_ff", 4 * c.d_model)) + 2 * c.vocab_size
+    hidden = 3 if getattr(c, "ffn", "mlp") == "swiglu" else 2  # d_ff-wide tensors kept: SwiGLU's gate, up, product
+    per_token = layers * (12 * c.d_model + hidden * getattr(c, "d_ff", 4 * c.d_model)) + 2 * c.vocab_size
+    return 16 * params, element * tokens * per_token
+
+
+def check_training_fits(task, make):
+    """Refuse in one line, before anything is allocated, a run whose model (make() on the meta device: its shapes,
+    no memory) cannot train in the memory free on the device."""
+    with torch.device("meta"):
+        model = make()
+    params = sum(p.numel() for p in model.parameters())
     element = 2 if task.dtype in (torch.bfloat16, torch.float16) else 4
-    weights, activations = 16 * params, element * task.tokens_per_step() * per_token
+    weights, activations = training_bytes(model, task.tokens_per_step(), element)
     check_fits(weights + activations, task.device, f"training {params:,} parameters on {task.tokens_per_step():,} "
                f"tokens a step", f"lower {task.BATCH_FLAGS if activations > weights else MODEL_SIZE_FLAGS}")
 

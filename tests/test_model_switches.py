@@ -203,3 +203,28 @@ def test_attention_transfer_passes_the_teachers_output_on_under_the_switches():
     student, tokens = convert(teacher, "t2r", 8), torch.randint(0, 50, (2, 9))
     errors, logits = attention_transfer(student, tokens)
     assert errors.shape == (2,) and (errors > 0).all() and (logits - teacher(tokens)).abs().max() < 1e-12
+
+
+
+def training_estimate_and_saved(ffn: str) -> tuple:
+    """support/job.py's activation bytes for a step of 2 x 16 tokens, and the bytes autograd saves for it."""
+    from support.job import training_bytes
+    model, tokens, saved = TransformerLM(tiny(**{**LLAMA, "ffn": ffn})), torch.randint(0, 50, (2, 16)), []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        model(tokens)[0].logsumexp(-1).sum().backward()
+    estimate = training_bytes(model, tokens.numel(), element=4)[1]
+    print(f"{ffn}: estimate {estimate:,} bytes, autograd saved {sum(saved):,}")
+    return estimate, sum(saved)
+
+
+@pytest.mark.parametrize("ffn", ["mlp", "swiglu"])
+def test_the_training_memory_estimate_stays_below_what_backward_keeps(ffn):
+    """A run that cannot fit is refused from an estimate that must be low, never high, yet not far off."""
+    estimate, saved = training_estimate_and_saved(ffn)
+    assert 0.3 * saved < estimate <= saved
+
+
+def test_the_training_memory_estimate_counts_swiglus_third_map():
+    (mlp, mlp_saved), (swiglu, swiglu_saved) = map(training_estimate_and_saved, ("mlp", "swiglu"))
+    assert 0 < swiglu - mlp <= swiglu_saved - mlp_saved
