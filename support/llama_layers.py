@@ -1,7 +1,7 @@
 """
 What Llama-family checkpoints (Llama, Qwen2, Mistral, SmolLM2) compute besides the paper's transformer, switched on by
-t2r.Config's last fields: RMSNorm, the SwiGLU feed-forward layer, rotary positions. t2r.py builds them; support/hf.py
-reads their weights.
+t2r.Config's last fields: RMSNorm, the SwiGLU feed-forward layer, rotary positions. t2r.py and support/embedding.py
+build them; support/hf.py reads their weights.
 
     python -m pytest -q tests/test_model_switches.py tests/test_hf_llama.py
 """
