@@ -12,6 +12,7 @@ import os
 import torch
 from sacrebleu.metrics import BLEU
 from experiments.probes import MAIN_K, attention_checkpoints
+from experiments.records import RETRAINED
 from experiments.study import read_json, shorten, state
 from support.runtime import UserError, write_csv, write_json
 
@@ -69,12 +70,12 @@ def feature_size_rows(lm: list) -> list:
 
 def mt_rows(runs: list) -> list:
     rows = []
-    for run in finished(runs):
-        r = read_json(os.path.join(run.out_dir, "results.json"))
-        speed_path = os.path.join(run.out_dir, "speed.json")
+    for run, folder, row in trained_translators(runs):
+        r = read_json(os.path.join(folder, "results.json"))
+        speed_path = os.path.join(folder, "speed.json")
         speed = read_json(speed_path) if os.path.isfile(speed_path) else {}
         passes = speed.get("tokens_per_s_passes", [speed["tokens_per_s"]] if speed else [])
-        rows.append({**run.row, "k_cross": r.get("k_cross"), "k_causal": r.get("k_causal"), "bleu": r["test"]["bleu"],
+        rows.append({**row, "k_cross": r.get("k_cross"), "k_causal": r.get("k_causal"), "bleu": r["test"]["bleu"],
                      "valid_bleu": r["valid"]["bleu"], "tok_bleu": r["test"]["tok_bleu"],
                      "tokens_per_s": speed.get("tokens_per_s"),
                      "speed_low": min(passes, default=None), "speed_high": max(passes, default=None),
@@ -82,6 +83,18 @@ def mt_rows(runs: list) -> list:
                      "tokens_per_sentence": speed["tokens"] / speed["sentences"] if "sentences" in speed else None,
                      "train_minutes": r["train_minutes"]})
     return rows
+
+
+def trained_translators(runs: list) -> list:
+    """(run, folder, table row) of each finished translator, and of a teacher trained again into other weights (its
+    retrained/ folder, the row's model named "<model>-retrained": the start of the runs converted since)."""
+    found = []
+    for run in finished(runs):
+        found.append((run, run.out_dir, run.row))
+        again = os.path.join(run.out_dir, RETRAINED)
+        if os.path.isfile(os.path.join(again, "results.json")):
+            found.append((run, again, {**run.row, "model": f"{run.row['model']}-{RETRAINED}"}))
+    return found
 
 
 def attention_rows(runs: list, lm: list) -> list:
@@ -170,19 +183,21 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_
 
 def mt_pair_rows(runs: list) -> list:
     """Every finished translator against the teacher, T2R + pretrain against T2R from scratch and against the
-    softmax control, and ELU + pretrain against T2R + pretrain: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
-    done = {(r.row["model"], r.row["init"]): r for r in finished(runs)
-            if os.path.isfile(os.path.join(r.out_dir, "test.hyp"))}
-    teacher = ("softmax", "random")
+    softmax control, ELU + pretrain against T2R + pretrain, and the control against its start where that is the
+    teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
+    done = {(row["model"], row["init"]): (run, folder) for run, folder, row in trained_translators(runs)
+            if os.path.isfile(os.path.join(folder, "test.hyp"))}
+    teacher, again = ("softmax", "random"), (f"softmax-{RETRAINED}", "random")
     pairs = [(key, teacher) for key in done if key != teacher]
     pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained")),
-              (("t2r", "pretrained"), ("softmax", "pretrained"))]  # against the control, the teacher trained on
+              (("t2r", "pretrained"), ("softmax", "pretrained")),  # against the control, the teacher trained on
+              (("softmax", "pretrained"), again)]  # the control against its start, where that is the teacher retrained
     pairs = [(a, b) for a, b in pairs if a in done and b in done]
     if not pairs:
         return []
-    references = test_references(done[pairs[0][0]].out_dir)
-    stats = {key: bleu_statistics(read_hypotheses(os.path.join(run.out_dir, "test.hyp"), references), references)
-             for key, run in done.items()}
+    references = test_references(done[pairs[0][0]][0].out_dir)
+    stats = {key: bleu_statistics(read_hypotheses(os.path.join(folder, "test.hyp"), references), references)
+             for key, (run, folder) in done.items()}
     rows = []
     for a, b in pairs:
         delta, low, high = paired_bootstrap(stats[a], stats[b])

@@ -3,7 +3,9 @@ The study's record of each finished run, kept in the repository (results/runs/):
 (its results.json, flags, machine, probes, translations) and a digest of its weights, but not the weights. The
 runs train under out/, which a new machine or a clean checkout does not have: the study then restores the records
 and trains only what is missing. A teacher is trained again only where a run still to do needs its weights; the
-same flags on the same machine and thread count give the same weights, and the digests check that they did.
+same flags on the same machine and thread count give the same weights, and the digests check that they did. On
+another machine the float sums may round otherwise: the teacher's record then stays (its numbers are the ones its
+earlier conversions started from), and the new training's files are kept beside it, in retrained/.
 """
 
 import hashlib
@@ -15,6 +17,10 @@ import time
 
 from support.runtime import atomic_write, write_json
 
+# The flags a run's args.json may differ in from the plan's: paths that name another machine's checkout (the teacher
+# is checked by its digest instead), and --resume, which the study adds
+UNCHECKED = ("out_dir", "pretrained", "resume")
+RETRAINED = "retrained"  # the files of a kept run trained again for its weights, which came out other than its record's
 KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "speed.json",
         "valid.hyp", "test.hyp")
 
@@ -68,24 +74,53 @@ class Records:
         return os.path.join(self.root, os.path.relpath(run.out_dir, self.out))
 
     def keep(self, run):
-        """Copy the finished run's small files into its record (weights.json first written where missing)."""
+        """Copy the finished run's small files into its record (weights.json first written where missing), unless
+        the run trained again, with its record's flags, into other weights: those files go to retrained/."""
         if not os.path.isfile(os.path.join(run.out_dir, "weights.json")):
             write_json(os.path.join(run.out_dir, "weights.json"), weights_of(run))
+        if self.trained_again_otherwise(run):
+            self.set_aside(run)
         for name in KEPT:
             source, target = os.path.join(run.out_dir, name), os.path.join(self.folder(run), name)
             if os.path.isfile(source) and not same_file(source, target):
                 copy(source, target)
 
+    def trained_again_otherwise(self, run) -> bool:
+        """The run's weights are not its record's, though it trained with the record's flags (the plan's)."""
+        record, here = (read(os.path.join(folder, "weights.json")) for folder in (self.folder(run), run.out_dir))
+        if record.get("model.pt") in (None, here.get("model.pt")):
+            return False
+        flags, kept_flags = (read(os.path.join(folder, "args.json")) for folder in (run.out_dir, self.folder(run)))
+        return all(str(flags.get(name)) == str(kept_flags.get(name)) for name in run.flags if name not in UNCHECKED)
+
+    def set_aside(self, run):
+        """The new training's files move to retrained/ (in the record and the out_dir), and the out_dir reads as
+        the record again; its checkpoints stay the new ones, which retrained/weights.json names."""
+        for name in KEPT:
+            source = os.path.join(run.out_dir, name)
+            if os.path.isfile(source):
+                for folder in (self.folder(run), run.out_dir):
+                    copy(source, os.path.join(folder, RETRAINED, name))
+                os.remove(source)
+            if os.path.isfile(os.path.join(self.folder(run), name)):
+                copy(os.path.join(self.folder(run), name), source)
+        was, now = (self.digest_of(run, "model.pt", *sub) for sub in ((), (RETRAINED,)))
+        print(f"{run.name} trained again with its recorded flags gives other weights ({now}, the record's {was}: "
+              f"float sums round otherwise on another machine); its record stays, the new training's files are "
+              f"in {RETRAINED}/, and what converts it now starts from the new weights", flush=True)
+
     def kept(self, run) -> bool:
         return os.path.isfile(os.path.join(self.folder(run), "results.json"))
 
     def restore(self, run) -> bool:
-        """Bring a kept run's files back into an out_dir that has neither results nor a checkpoint."""
+        """Bring a kept run's files (and its retrained/ ones) back into an out_dir that has neither results nor a
+        checkpoint."""
         if not self.kept(run) or any(os.path.exists(os.path.join(run.out_dir, f)) for f in ("results.json", "ckpt.pt")):
             return False
-        for name in KEPT:
-            if os.path.isfile(os.path.join(self.folder(run), name)):
-                copy(os.path.join(self.folder(run), name), os.path.join(run.out_dir, name))
+        for sub in ("", RETRAINED):
+            for name in KEPT:
+                if os.path.isfile(os.path.join(self.folder(run), sub, name)):
+                    copy(os.path.join(self.folder(run), sub, name), os.path.join(run.out_dir, sub, name))
         return True
 
     def unrestore(self, run):
@@ -100,9 +135,13 @@ class Records:
         """The digest of the teacher's weights the conversion `run` started from, as its record says."""
         return read(os.path.join(self.folder(run), "weights.json")).get("teacher")
 
-    def digest_of(self, run, checkpoint: str) -> str | None:
-        """The digest of run's `checkpoint` (model.pt or ckpt.pt) as its record says."""
-        return read(os.path.join(self.folder(run), "weights.json")).get(checkpoint)
+    def digest_of(self, run, checkpoint: str, *sub: str) -> str | None:
+        """The digest of run's `checkpoint` (model.pt or ckpt.pt) as its record (or its retrained/) says."""
+        return read(os.path.join(self.folder(run), *sub, "weights.json")).get(checkpoint)
+
+    def digests_of(self, run, checkpoint: str) -> set:
+        """Every weights of run's `checkpoint` a conversion may have started from: its record's, and its retrained/."""
+        return {self.digest_of(run, checkpoint, *sub) for sub in ((), (RETRAINED,))} - {None}
 
 
 def copy(source: str, target: str):

@@ -34,7 +34,7 @@ LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pr
             ("t2r-transfer-window", "pretrained"), ("sru++", "random"), ("t2r-longer", "random")]
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
-            ("t2r-transfer-window", "pretrained"), ("softmax", "pretrained")]
+            ("t2r-transfer-window", "pretrained"), ("softmax-retrained", "random"), ("softmax", "pretrained")]
 OPTIONAL_CSVS = ("curves", "mt_pairs", "mqar")  # the study's second edition and experiments/mqar.py write these
 
 
@@ -301,7 +301,9 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "untrained; finetuned; mlp_frozen; random_init), `k`, `distance` (to the teacher's distribution of the same "
      "window, layer and head), `entropy` (nats, over the rows that are not empty), `empty_rows` (the fraction of "
      "rows whose ReLU features are all zero), `valid_ppl`, `windows`"),
-    ("mt.csv", "Table 2 run", "`model`, `init`, `k_cross`, `k_causal`, `bleu` (test, sacreBLEU), `valid_bleu`, "
+    ("mt.csv", "Table 2 run", "`model` (softmax-retrained: the teacher trained again with its flags on another "
+     "machine, into other weights, the start of the runs converted since), `init`, `k_cross`, `k_causal`, `bleu` "
+     "(test, sacreBLEU), `valid_bleu`, "
      "`tok_bleu` (test, tokenized), `tokens_per_s` (greedy, batch 16, test sentences: the median of `speed_passes` "
      "passes, from `speed_low` to `speed_high`), `tokens_per_sentence` (generated, on average), `train_minutes`"),
     ("mt_pairs.csv", "pair of Table 2 runs", "`model`, `init` against `against_model`, `against_init`: `delta` (test "
@@ -317,7 +319,8 @@ FILES = [  # (file, one row per, its columns), the last table of the page
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),
     ("runs/", "finished run", "its record (experiments/records.py), from which the CSVs are gathered: "
      "`results.json`, `args.json`, `machine.json`, `weights.json` (digests of its weights and its teacher's), and "
-     "its probes' `attention.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`")]
+     "its probes' `attention.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`; `retrained/`: the same "
+     "files of its training again, where that gave other weights")]
 
 
 def model_sizes() -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from experiments.claims import LONGER  # the row of T2R from scratch for the conversion's total steps
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
-from experiments.records import Records, machine, weights_of
+from experiments.records import UNCHECKED, Records, machine, weights_of
 from support.configs import feature_sizes
 from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from t2r import Config
@@ -238,12 +238,13 @@ def ready(run: Run, runs: list) -> bool:
 def converted_from_an_older_teacher(run: Run, runs: list, records: Records | None = None) -> bool:
     """A conversion started before its teacher's last training: the teacher trains on now (the plan gives it more
     steps), or its model.pt is newer than the conversion's last checkpoint, or the conversion's record names
-    other teacher weights than the teacher's record."""
+    other teacher weights than the teacher's record (or its retrained/: the same flags, trained again elsewhere)."""
     teacher, checkpoint = teacher_of(run, runs), os.path.join(run.out_dir, "ckpt.pt")
     if teacher is None:
         return False
     if records and records.kept(run) and records.kept(teacher):  # the digests decide
-        return records.teacher_digest(run) != records.digest_of(teacher, os.path.basename(run.flags["pretrained"]))
+        started_from = records.teacher_digest(run)
+        return started_from not in records.digests_of(teacher, os.path.basename(run.flags["pretrained"]))
     if not os.path.isfile(checkpoint):
         return False
     model = run.flags["pretrained"]
@@ -300,10 +301,6 @@ def refuse_stale(runs: list, records: Records | None):
                         f"record under {records.root if records else 'results/runs'}) to redo the conversion with "
                         f"the new teacher")
 
-
-# The flags a run's args.json may differ in from the plan's: paths that name another machine's checkout (the teacher
-# is checked by its digest instead), and --resume, which the study adds
-UNCHECKED = ("out_dir", "pretrained", "resume")
 
 
 def changed_flags(run: Run) -> list:

@@ -173,12 +173,41 @@ def test_gather_pairs_each_translator_with_the_teacher_on_the_same_test_sentence
     assert row["low"] <= row["delta"] <= row["high"] < 0
 
 
+def test_gather_reads_a_teacher_trained_again_from_its_retrained_folder(tmp_path):
+    corpus = write_parallel(str(tmp_path / "toy"), n=(5, 5, 40))
+    with open(tmp_path / "toy" / "test.de") as f:
+        references = f.read().splitlines()
+    results = dict(valid={"bleu": 20.0}, test={"bleu": 21.0, "tok_bleu": 22.0}, train_minutes=1.0)
+    out = tmp_path / "softmax-random"
+    for folder, hyps in ((out, references), (out / "retrained", [" ".join(r.split()[:-1]) for r in references])):
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(results))
+        (folder / "args.json").write_text(json.dumps(dict(dataset=corpus, src="en", tgt="de", bleu_sentences=0)))
+        (folder / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+    runs = [study.Run(out.name, "train_mt.py", {"out_dir": str(out)}, dict(model="softmax", init="random"))]
+    assert [r["model"] for r in gather.mt_rows(runs)] == ["softmax", claims.RETRAINED_TEACHER]
+    row, = gather.mt_pair_rows(runs)
+    assert (row["model"], row["against_model"]) == (claims.RETRAINED_TEACHER, "softmax") and row["high"] < 0
+
+
 @pytest.mark.parametrize("control, expected", [(20.0, "yes"), (22.0, "**no**")])
 def test_the_translator_is_compared_with_the_teacher_and_with_the_teacher_trained_on(control, expected):
     mt = [mt_row("softmax", "random", 19.0, None), mt_row("t2r", "pretrained", 19.5, None),
           mt_row("softmax", "pretrained", control, None)]
     held = {c[0]: c[3] for c in claims.mt_claims(mt) if "reaches the transformer" in c[0]}
     assert list(held.values()) == ["yes", expected], held  # within 1 BLEU of the teacher; of the control
+
+
+def test_a_control_that_started_from_the_teacher_trained_again_says_so_with_that_start():
+    mt = [mt_row("softmax", "random", 19.0, None), mt_row("t2r", "pretrained", 19.5, None),
+          mt_row("softmax", "pretrained", 20.0, None), mt_row(claims.RETRAINED_TEACHER, "random", 19.25, None)]
+    pairs = [dict(model="softmax", init="pretrained", against_model=claims.RETRAINED_TEACHER, against_init="random",
+                  delta=0.75, low=0.25, high=1.25)]
+    said = {c[0]: c[2] for c in claims.mt_claims(mt, pairs) if "reaches the transformer" in c[0]}
+    control, = [text for claim, text in said.items() if "softmax control" in claim]
+    assert control == "19.50 vs 20.00; the control trained on from the teacher trained again, whose test BLEU is " \
+                      "19.25: 20.00 vs 19.25 (difference +0.75, 95% interval +0.25 to +1.25)"
+    assert [text for claim, text in said.items() if "the teacher" in claim] == ["19.50 vs 19.00"]
 
 
 def test_a_gap_to_softmax_inside_the_seeds_spread_leaves_nothing_to_close():

@@ -235,11 +235,47 @@ def test_a_kept_teacher_trains_again_for_a_new_conversion_and_must_match_its_rec
     teacher, student, new = plan
     assert os.path.exists(os.path.join(teacher.out_dir, "trace.json")), "the teacher trained again"
     assert not os.path.exists(os.path.join(student.out_dir, "trace.json")) and trace(new)["teacher_done"]
+    assert not os.path.exists(tmp_path / "records" / "teacher" / "retrained"), "the same weights: nothing set aside"
+
+
+def digests(folder) -> dict:
+    return json.loads((folder / "weights.json").read_text())
+
+
+def test_a_teacher_trained_again_into_other_weights_keeps_its_record_and_sets_the_new_ones_aside(tmp_path, capsys):
+    """Another machine's float sums: the same flags, other weights. The record (what the tables and the earlier
+    conversions came from) stays; the new training's files go to retrained/; a new conversion starts from them."""
+    plan, records = kept_plan(tmp_path)
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    first = digests(tmp_path / "records" / "teacher")
     shutil.rmtree(tmp_path / "out")
-    plan, _ = kept_plan(tmp_path, teacher_weights=2.0, students=("student", "new", "newer"))
-    with pytest.raises(study.UserError, match="out/student, .*out/new converted an earlier model of a teacher"):
-        study.execute(plan, dry_run=False, jobs=1, records=records)
-    assert not os.path.exists(plan[3].out_dir), "no conversion of the changed teacher started"
+    plan, _ = kept_plan(tmp_path, teacher_weights=2.0, students=("student", "new"))
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    retrained = digests(tmp_path / "records" / "teacher" / "retrained")
+    assert "teacher trained again with its recorded flags gives other weights" in capsys.readouterr().out
+    assert digests(tmp_path / "records" / "teacher") == first == digests(tmp_path / "out" / "teacher")
+    assert retrained["model.pt"] != first["model.pt"] and retrained == digests(tmp_path / "out/teacher/retrained")
+    assert digests(tmp_path / "records" / "new")["teacher"] == retrained["ckpt.pt"]
+    assert digests(tmp_path / "records" / "student")["teacher"] == first["ckpt.pt"]
+    shutil.rmtree(tmp_path / "out")  # a third machine: both restore, nothing trains, nothing is stale
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    assert digests(tmp_path / "out/teacher/retrained") == retrained
+    assert not any(os.path.exists(os.path.join(r.out_dir, "trace.json")) for r in plan)
+
+
+def test_a_run_trained_with_other_flags_than_its_record_replaces_the_record(tmp_path):
+    """Only the record's own flags make a retraining: a translator given more steps is a new record (and its
+    conversions are then stale), not one set aside."""
+    plan, records = kept_plan(tmp_path)
+    study.execute(plan, dry_run=False, jobs=1, records=records)
+    teacher, first = plan[0], digests(tmp_path / "records/teacher")["model.pt"]
+    teacher.flags["max_steps"] = 8
+    (tmp_path / "out/teacher/args.json").write_text(json.dumps({**teacher.flags, "max_steps": 8}))
+    write_weights(tmp_path / "out/teacher/model.pt", 2.0)
+    os.remove(tmp_path / "out/teacher/weights.json")
+    records.keep(teacher)
+    assert digests(tmp_path / "records/teacher")["model.pt"] == digests(tmp_path / "out/teacher")["model.pt"] != first
+    assert not os.path.exists(tmp_path / "records/teacher/retrained")
 
 
 def test_a_run_that_finished_as_the_study_stopped_is_noted_as_trained_here(tmp_path):
