@@ -88,8 +88,8 @@ class Records:
     def trained_again_otherwise(self, run) -> bool:
         """The run's weights are not its record's, though it trained with the record's flags (the plan's)."""
         record, here = (read(os.path.join(folder, "weights.json")) for folder in (self.folder(run), run.out_dir))
-        if record.get("model.pt") in (None, here.get("model.pt")):
-            return False
+        if None in (record.get("model.pt"), here.get("model.pt")) or record["model.pt"] == here["model.pt"]:
+            return False  # the same weights, or weights no longer there to compare
         flags, kept_flags = (read(os.path.join(folder, "args.json")) for folder in (run.out_dir, self.folder(run)))
         return all(str(flags.get(name)) == str(kept_flags.get(name)) for name in run.flags if name not in UNCHECKED)
 
