@@ -38,7 +38,7 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     steps_per_s, theory_ratio, time_shares)
 from support.runtime import (Parser, UserError, decoding_kernels, is_sru, load_checkpoint, non_negative_int, run_main,
                              seed)
-from t2r import state_bytes
+from support.states import state_bytes
 from translate import decode_speed, load_run
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state

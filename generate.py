@@ -4,7 +4,7 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py                                       # the T2R model of `train_lm.py --init pretrained`
     python generate.py --ckpt out/ptb-softmax-random/model.pt # the softmax teacher, with a KV cache
     python generate.py --prompt "the company said" --num_tokens 100 --temperature 0.8 --top_k 40
-    python generate.py --prompt "the" --prompt "a new york bank said"   # a batch: each prompt continued as alone
+    python generate.py --prompt "the" --prompt "a new york bank said"   # a batch: greedy, each as it would be alone
     python generate.py --mode recompute                      # re-run the whole prefix at every token, to compare
     python generate.py --check                               # recurrent logits against one parallel pass
     python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
@@ -26,7 +26,8 @@ from support import data
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
-from t2r import LinearAttention, T2RFeatureMap, fold, is_folded, state_bytes
+from support.states import state_bytes
+from t2r import LinearAttention, T2RFeatureMap, fold, is_folded
 from train_lm import data_identity
 
 
@@ -34,7 +35,8 @@ def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
     p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
     p.add_argument("--prompt", action="append", help="text to continue (words outside the vocabulary become <unk>); "
-                   "repeat it for a batch of prompts, each continued as it would be alone (default: the)")
+                   "repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
+                   "same distribution (default: the)")
     p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
     p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
@@ -79,33 +81,39 @@ def generate_recurrent(model, prompt, num_tokens, pick, on_token, lengths=None):
     """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens.
     prompt (B, T): one prompt a row, row b's first lengths[b] tokens (all T without lengths; the rest is never read).
     Every row is at the same position at every step and feeds its own tokens, its prompt's, then its picks: no padding
-    enters a state, so each prompt gets the continuation it would get alone. After each step on_token(token, logits,
-    fresh) gets every row's next token (B,), the logits (B, V) and fresh (B,), True where the token is the row's
-    pick (past its prompt); it keeps what it needs and drops a row's picks past its num_tokens-th. Returns the state."""
+    enters a state, so a greedy pick is the one the prompt gets alone (a sampled one draws from the same distribution).
+    After each step on_token(position, token, logits) gets every row's token (B,) for that position and the logits (B,
+    V) that chose it: row b's picks are at positions lengths[b] to lengths[b] + num_tokens - 1. Returns the state."""
     lengths = torch.full_like(prompt[:, 0], prompt.shape[1]) if lengths is None else lengths
     shortest, longest = int(lengths.min()), prompt.shape[1]  # read once: the loop never waits on the device
-    state, token, every = model.init_state(prompt.shape[0]), prompt[:, 0], torch.ones_like(lengths, dtype=torch.bool)
-    for t in range(longest - 1 + num_tokens):  # the longest prompt's prefill, then its num_tokens
+    state, token = model.init_state(prompt.shape[0]), prompt[:, 0]
+    for position in range(1, longest + num_tokens):  # the longest prompt's prefill, then its num_tokens
         logits, state = model.step(token, state)
-        if t + 1 >= longest:  # every row past its prompt: the logits pick every next token
-            token, fresh = pick(logits), every
+        if position >= longest:  # every row past its prompt: the logits pick every next token
+            token = pick(logits)
         else:  # a row still in its prompt feeds the prompt's next token; no pick (no random draw) before the first
-            fresh, ahead = lengths <= t + 1, prompt[:, t + 1]
-            token = torch.where(fresh, pick(logits), ahead) if t + 1 >= shortest else ahead
-        on_token(token, logits, fresh)
+            ahead = prompt[:, position]
+            token = torch.where(lengths <= position, pick(logits), ahead) if position >= shortest else ahead
+        on_token(position, token, logits)
     return state
+
+
+def picks(kept_tokens: list, lengths: list, first: int, num_tokens: int) -> list:
+    """Each row's picks, from the tokens (B,) on_token got at every position from `first` on (read back once)."""
+    kept = torch.stack(kept_tokens, 1).tolist()  # (B, steps)
+    return [kept[b][length - first:][:num_tokens] for b, length in enumerate(lengths)]
 
 
 @torch.no_grad()
 def generate_recompute(model, prompt, num_tokens, pick, on_token):
     """The transformer way without a cache: run the whole sequence again for every new token (it grows: the
-    baseline). Prompts of one length (every token is fresh); calls on_token as generate_recurrent does; no state."""
+    baseline). Prompts of one length; calls on_token as generate_recurrent does, for the picks alone; no state."""
     sequence = prompt
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
+        on_token(sequence.shape[1], token, logits)
         sequence = torch.cat([sequence, token[:, None]], dim=1)
-        on_token(token, logits, torch.ones_like(token, dtype=torch.bool))
 
 
 def load_tokenizer(checkpoint):
@@ -307,20 +315,20 @@ def main():
     def pick(logits):
         return sample(logits, args.temperature, args.top_k, generator)
 
-    recent, picked, kept_logits = list(rows[0][-7:]), [[] for _ in rows], []  # a short window is decoded: O(1)
+    recent, kept_tokens, kept_logits, first = list(rows[0][-7:]), [], [], []  # a short window is decoded: O(1)
 
-    def on_token(token, logits, fresh):
-        """Print what the new token adds to the decoded text (one row: BPE pieces join up, <eos> is a new line);
-        keep only what the end needs: several rows' tokens, printed then, and for --check every step's logits."""
-        if len(rows) == 1:
+    def on_token(position, token, logits):
+        """Print what a pick adds to the decoded text (one row: BPE pieces join up, <eos> is a new line); keep only
+        what the end needs: several rows' tokens, printed then, and for --check every step's logits. No row's token
+        is read back while the loop runs (it would wait for the device), but the one row's that is printed."""
+        first[:] = first or [position]
+        if len(rows) == 1 and position >= longest:
             before = lm.decode(recent)
             recent.append(int(token[0]))
             print(lm.decode(recent)[len(before):], end="", flush=True)
             del recent[:-7]
         if len(rows) > 1 or args.check:
-            for b in fresh.nonzero()[:, 0].tolist():
-                if len(picked[b]) < args.num_tokens:  # a row whose prompt is shorter is done sooner
-                    picked[b].append(int(token[b]))
+            kept_tokens.append(token)
         if args.check:
             kept_logits.append(logits)
 
@@ -333,6 +341,7 @@ def main():
         torch.cuda.synchronize()
     seconds = time.time() - start
     print()
+    picked = picks(kept_tokens, [len(ids) for ids in rows], first[0], args.num_tokens) if kept_tokens else []
     for b, ids in enumerate(rows if len(rows) > 1 else []):
         which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
         print(f"--- {which}sample {b % args.num_samples}\n{lm.decode(ids + picked[b])}")
@@ -341,17 +350,18 @@ def main():
     if state is not None:
         print_state_size(model, state, len(rows), longest + args.num_tokens)
     if args.check:
-        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits):.2e}")
+        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits, first[0]):.2e}")
 
 
 @torch.no_grad()
-def check(model, rows, picked, kept_logits) -> float:
-    """The largest difference between each row's generation logits and one parallel pass over its prompt and picks."""
-    logits, worst = torch.stack(kept_logits, 1), 0.0  # (B, steps, V): row b's picks from step len(prompt b) - 1
+def check(model, rows, picked, kept_logits, first: int) -> float:
+    """The largest difference between each row's generation logits and one parallel pass over its prompt and picks;
+    kept_logits[i] chose the tokens at position first + i."""
+    logits, worst = torch.stack(kept_logits, 1), 0.0  # (B, steps, V)
     for b, (ids, new) in enumerate(zip(rows, picked)):
         sequence = torch.tensor([ids + new[:-1]], device=logits.device)
         parallel = model(sequence)[0, len(ids) - 1:]
-        worst = max(worst, (parallel - logits[b, len(ids) - 1: len(ids) - 1 + len(new)]).abs().max().item())
+        worst = max(worst, (parallel - logits[b, len(ids) - first: len(ids) - first + len(new)]).abs().max().item())
     return worst
 
 

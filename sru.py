@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from support.states import append_to_cache  # the attention layers' keys and values, as t2r.py's softmax layer
 from t2r import full_precision, state_dtype  # float32 sums under autocast, as in the linear attention
 
 
@@ -160,7 +161,7 @@ class SRUppLayer(nn.Module):
         """x (B, d), one position: the same computation as forward, updating state in place."""
         q = self.q_proj(x)  # (B, d')
         if self.attention:
-            keys, values = append_to_cache(state, self.k_proj(q), self.v_proj(q))  # (B, t + 1, d')
+            keys, values = append_to_cache(state, self.k_proj(q)[:, None], self.v_proj(q)[:, None])  # (B, t + 1, d')
             a = F.scaled_dot_product_attention(q[:, None, None], keys[:, None], values[:, None])[:, 0, 0]
             q = q + self.alpha * a
         u = self.out_proj(self.norm(q)).view(x.shape[0], 3, self.d_model)
@@ -168,22 +169,6 @@ class SRUppLayer(nn.Module):
         with full_precision(x.device):
             h, state["c"] = sru_cell(u.to(c.dtype), x.to(c.dtype), c, self.v.to(c.dtype), self.b.to(c.dtype))
         return h.to(x.dtype)
-
-
-def append_to_cache(state, k, v):
-    """Add one key and value (B, d') to the cache, doubling its capacity when full (amortised O(1) per token);
-    return the keys and values so far."""
-    t = state["length"]
-    if t == state["k"].shape[1]:
-        for name in ("k", "v"):
-            grown = state[name].new_zeros(state[name].shape[0], max(16, 2 * t), state[name].shape[2])
-            grown[:, :t] = state[name]
-            state[name] = grown
-    state["k"][:, t], state["v"][:, t], state["length"] = k, v, t + 1
-    keys, values = state["k"][:, : t + 1], state["v"][:, : t + 1]
-    if torch.is_grad_enabled():  # autograd keeps them: the next token's write into the cache must not change them
-        keys, values = keys.clone(), values.clone()
-    return keys, values
 
 
 # -----------------------------------------------------------------------------

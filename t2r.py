@@ -30,6 +30,7 @@ from support.adaptive import AdaptiveSoftmax
 from support.configs import check_config, converted_kinds
 from support.embedding import Embedding  # tokens and positions: sinusoids (the paper), learned (GPT-2), rotary (Llama)
 from support.llama_layers import RMSNorm, SwiGLU, rotate
+from support.states import append_to_cache  # the softmax layer's KV cache, doubling its capacity when full
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
@@ -149,9 +150,8 @@ FEATURE_MAPS = {"t2r": T2RFeatureMap, "elu": lambda *sizes: EluFeatureMap(), "rf
 
 # -----------------------------------------------------------------------------
 # Linear attention, Eq. 4: out_i = phi(q_i) . sum_j phi(k_j) (x) v_j  /  phi(q_i) . sum_l phi(k_l)
-# All forms take features fq (B, H, T, k), fk (B, H, S, k) and values v (B, H, S, d).
-# They run in float32 (float64 when given float64) even under autocast: S and z are sums over
-# thousands of positions, and bf16 keeps only 8 significant bits.
+# Every form takes features fq (B, H, T, k), fk (B, H, S, k), values v (B, H, S, d), in float32 (float64 when given
+# float64) even under autocast: S and z sum thousands of positions, and bf16 keeps only 8 significant bits.
 
 def state_dtype(dtype: torch.dtype) -> torch.dtype:  # float32, or float64 for a float64 model
     return torch.promote_types(dtype, torch.float32)
@@ -225,9 +225,8 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
 
 
 def linear_attention_step(fq, fk, v1, Sz):
-    """One recurrent step, Eqs. 6-7. fq, fk (B, H, 1, k); v1 = [v | 1] (B, H, 1, d + 1); Sz = [S | z] (B, H, k, d + 1):
-    S and z side by side, so that each equation is one batched product. Updates Sz in place; returns (B, H, 1, d).
-    Grouped-query attention (a Llama's): H key/value heads, and fq (B, H, G, k) holds the G queries of each."""
+    """One recurrent step, Eqs. 6-7, each one product: fq (B, H, G, k), the G queries of each (key/value) head; fk
+    (B, H, 1, k); v1 = [v | 1] (B, H, 1, d + 1); Sz = [S | z] (B, H, k, d + 1), updated in place. -> (B, H, G, d)"""
     add_to_state(fk, v1, Sz)
     return read_state(fq, Sz)
 
@@ -265,9 +264,11 @@ class Attention(nn.Module):
     def heads(self, x, n: int):  # (B, T, n w) -> (B, n, T, w): w is d, or k once `fold` merged W_phi into W_q, W_k
         return x.view(*x.shape[:2], n, -1).transpose(1, 2)
 
+    def source_heads(self, source):  # (B, S, h) -> k, v (B, n, S, d): n key/value heads
+        return self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+
     def project(self, x, source, rotation=None):
-        q = self.heads(self.q_proj(x), self.n_head)
-        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+        q, (k, v) = self.heads(self.q_proj(x), self.n_head), self.source_heads(source)
         if rotation is not None:  # rotary positions (a Llama's): q and k turned by their position's angles
             q, k = rotate(q, *rotation), rotate(k, *rotation)
         return q, k, v
@@ -275,10 +276,8 @@ class Attention(nn.Module):
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    # The recurrent form projects one position with W_q, W_k, W_v stacked by key/value head: one product gives
-    # [q of its G query heads | k | v] (with append_one, a 1 after each v, from a zero row with bias 1, for Eq. 6 in
-    # one product). init_state stacks the weights as they are for each new sequence; a step restacks only
-    # projections replaced since (by fold).
+    # The recurrent form projects a position with W_q, W_k, W_v stacked by key/value head, one product for
+    # [q of its G query heads | k | v (| 1: a zero row, bias 1, for Eq. 6)]; restacked at init_state and after fold.
     def stack_projections(self, append_one: bool):
         n, h, parts = self.n_kv_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
         weights = [p.weight.detach().view(n, -1, h) for p in parts]  # (n, G w, h), (n, w, h), (n, d, h)
@@ -299,6 +298,9 @@ class Attention(nn.Module):
         if rotation is not None:
             q, k = rotate(q, *rotation), rotate(k, *rotation)
         return q, k, v
+
+    def query_step(self, x):  # (B, h) -> (B, n, G, w): each key/value head's G queries (cross attention's step)
+        return self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)
 
     def merge_step(self, out):  # (B, n, G, d) -> (B, h): head g G + i is query i of key/value head g
         return self.out_proj(out.flatten(1))
@@ -321,19 +323,6 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
-def append_to_cache(state, k, v):
-    """Write k, v (B, n, 1, d) at state['length'] of the KV cache; return the keys and values so far. A full cache
-    doubles its capacity: amortised O(1) per token, not a copy of the whole cache at every step."""
-    t = state["length"]
-    if t == state["k"].shape[2]:
-        for name, cache in (("k", state["k"]), ("v", state["v"])):
-            state[name] = cache.new_zeros(*cache.shape[:2], max(16, 2 * t), cache.shape[3], dtype=k.dtype)
-            state[name][:, :, :t] = cache
-    state["k"][:, :, t], state["v"][:, :, t] = k[:, :, 0], v[:, :, 0]
-    state["length"] = t + 1
-    return state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]
-
-
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
 
@@ -353,11 +342,11 @@ class SoftmaxAttention(Attention):
         return self.merge_step(F.scaled_dot_product_attention(q, keys, values))
 
     def init_cross_state(self, source, key_mask):
-        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+        k, v = self.source_heads(source)
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
     def step_cross(self, x, state):
-        q = self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)  # (B, n, G, d)
+        q = self.query_step(x)
         return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
 
 
@@ -416,7 +405,7 @@ class LinearAttention(Attention):
 
     def init_cross_state(self, source, key_mask):
         """[S | z] of the whole (masked) source, computed once per sentence."""
-        k, v = self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+        k, v = self.source_heads(source)
         dtype = state_dtype(v.dtype)
         with full_precision(source.device):
             (fk,) = self.feature_map(k.to(dtype))
@@ -424,7 +413,7 @@ class LinearAttention(Attention):
         return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, n, k, d + 1)
 
     def step_cross(self, x, state):
-        q = self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)  # (B, n, G, w)
+        q = self.query_step(x)
         with full_precision(x.device):
             (fq,) = self.feature_map(q.to(state["Sz"].dtype))
             out = read_state(fq, state["Sz"])  # Eq. 7
@@ -581,14 +570,6 @@ class Seq2SeqTransformer(TransformerBase):
         return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
                                       "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
                                      for layer in self.layers]}
-
-
-def state_bytes(state) -> int:
-    """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
-    if torch.is_tensor(state):
-        return state.numel() * state.element_size()
-    parts = state.values() if isinstance(state, dict) else state if isinstance(state, list) else []
-    return sum(state_bytes(part) for part in parts)
 
 
 # -----------------------------------------------------------------------------

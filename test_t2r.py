@@ -14,6 +14,7 @@ from conftest import lm_config, make, mt_config, padded_sources, report, step_al
 from experiments import analyze_attention
 from support import runtime
 from support.configs import converted_kinds
+from support.states import state_bytes
 from t2r import Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -273,7 +274,7 @@ def test_state_size(kind):
     sizes = []
     for t in range(40):
         model.step(torch.zeros(2, dtype=torch.long), state)
-        sizes.append(t2r.state_bytes(state))
+        sizes.append(state_bytes(state))
     print(f"{kind}: state bytes after steps 1, 20, 40: {sizes[0]}, {sizes[19]}, {sizes[-1]}")
     if kind == "softmax":
         assert sizes[-1] > sizes[0] and sorted(sizes) == sizes

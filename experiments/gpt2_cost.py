@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from bench import generate, latency_at
 from support import hf
 from support.runtime import Parser, positive_int, run_main
+from support.states import state_bytes
 from support.training import make_optimizer
-from t2r import Config, TransformerLM, convert, fold, state_bytes
+from t2r import Config, TransformerLM, convert, fold
 
 FEATURE_SIZE = 32  # T2R's k, as in the paper
 LENGTH = 1024  # GPT-2's last position

@@ -35,7 +35,8 @@ from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, 
                              write_csv, write_json)
 from support.training import Task, train
 from sru import SRUConfig, SRUppLM
-from t2r import Config, TransformerLM, convert, state_bytes
+from support.states import state_bytes
+from t2r import Config, TransformerLM, convert
 
 PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for once
 VOCAB = 256  # keys from 0..127, values from 128..255

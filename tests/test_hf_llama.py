@@ -164,16 +164,15 @@ def continuations(model, prompts, num_tokens=6):
     import generate
     longest = max(map(len, prompts))
     prompt = torch.tensor([p + [0] * (longest - len(p)) for p in prompts])
-    picked, logits = [[] for _ in prompts], [[] for _ in prompts]
+    tokens, logits, lengths = [], [], [len(p) for p in prompts]
 
-    def on_token(token, step_logits, fresh):
-        for b in fresh.nonzero()[:, 0].tolist():
-            if len(picked[b]) < num_tokens:
-                picked[b].append(int(token[b]))
-                logits[b].append(step_logits[b])
-    generate.generate_recurrent(model, prompt, num_tokens, lambda x: x.argmax(-1), on_token,
-                                torch.tensor([len(p) for p in prompts]))
-    return picked, [torch.stack(rows) for rows in logits]
+    def on_token(position, token, step_logits):
+        tokens.append(token)
+        logits.append(step_logits)
+    generate.generate_recurrent(model, prompt, num_tokens, lambda x: x.argmax(-1), on_token, torch.tensor(lengths))
+    logits = torch.stack(logits, 1)  # (B, steps, V): the step at position 1 first
+    return (generate.picks(tokens, lengths, 1, num_tokens),
+            [logits[b, length - 1: length - 1 + num_tokens] for b, length in enumerate(lengths)])
 
 
 @pytest.mark.parametrize("kind", ["softmax", "t2r"])

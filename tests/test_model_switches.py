@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 import t2r
 from support import llama_layers
-from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, fold, state_bytes
+from support.states import state_bytes
+from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, fold
 
 LLAMA = dict(norm="rmsnorm", ffn="swiglu", bias="none", n_kv_head=2, rope_theta=10_000.0, scale_embedding=False)
 

@@ -13,7 +13,8 @@ import torch
 from conftest import ROOT, report, tiny_translator
 from generate import CapturedStep
 from support.runtime import decoding_kernels
-from t2r import Config, TransformerLM, fold, state_bytes
+from support.states import state_bytes
+from t2r import Config, TransformerLM, fold
 
 LM_CASES = {
     "t2r": dict(attn="t2r"),

@@ -299,6 +299,21 @@ def test_generate_decodes_a_softmax_model_with_its_kv_cache(run_here, trained):
     assert_check_passes(result.stdout)
 
 
+def test_one_prompt_is_printed_once_then_the_same_greedy_picks_in_either_mode(run_here, trained):
+    """The streamed text is the prompt, then each pick once: the recurrent form's prefill prints nothing, and the KV
+    cache's picks are the ones recomputing the whole sequence for every token makes."""
+    tmp, _ = trained
+    texts = []
+    for mode in ("recurrent", "recompute"):
+        result = run_here("generate.py", "--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "w1 w2 w3",
+                          "--num_tokens", "12", "--temperature", "0", "--mode", mode, "--check", cwd=tmp)
+        assert_check_passes(result.stdout)
+        texts.append(result.stdout.split(", mode ", 1)[1].split("\n", 1)[1].split("\n\n")[0])
+    print(texts)
+    assert texts[0] == texts[1] and texts[0].startswith("w1 w2 w3 ")
+    assert len(texts[0].split()) + texts[0].count("\n") == 3 + 12  # <eos> prints as a new line
+
+
 def test_generate_samples_several_continuations_as_one_batch(run_here, trained):
     tmp, _ = trained
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
@@ -635,7 +650,7 @@ def test_generation_holds_the_same_memory_whatever_the_number_of_tokens_asked_fo
     def held_at_step_20(num_tokens):
         steps = []
 
-        def on_token(token, logits, fresh):
+        def on_token(position, token, logits):
             steps.append(token)
             if len(steps) == 20:
                 steps[:] = [live_tensor_bytes()]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import after_t2r
 import t2r
 from conftest import lm_config, make, mt_config, report, step_all
+from support.states import state_bytes
 from t2r import Seq2SeqTransformer, TransformerLM
 
 
@@ -131,6 +132,6 @@ def test_state_size_is_constant_in_length():
     state, sizes = model.init_state(2), []
     for t in range(12):
         model.step(torch.full((2,), t % 37), state)
-        sizes.append(t2r.state_bytes(state))
+        sizes.append(state_bytes(state))
     print(f"state bytes after steps 1 and 12: {sizes[0]}, {sizes[-1]}")
     assert len(set(sizes)) == 1  # S, z and the ring buffer of W keys and values: allocated once

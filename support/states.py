@@ -1,0 +1,32 @@
+"""
+The bookkeeping of the recurrent states (t2r.py's and sru.py's): the KV cache a softmax layer grows by one key and
+value a token, and the bytes a state holds, which bench.py and generate.py report.
+
+    python -m pytest -q tests/test_step.py
+"""
+
+import torch
+
+
+def append_to_cache(state, k, v):
+    """Write k, v (..., 1, d) at position state['length'] of the cache's time axis (-2); return the keys and values
+    so far (..., t + 1, d). A full cache doubles its capacity: amortised O(1) a token, not a copy of it every step."""
+    t = state["length"]
+    if t == state["k"].shape[-2]:
+        for name, cache in (("k", state["k"]), ("v", state["v"])):
+            state[name] = cache.new_zeros(*cache.shape[:-2], max(16, 2 * t), cache.shape[-1], dtype=k.dtype)
+            state[name][..., :t, :] = cache
+    state["k"][..., t:t + 1, :], state["v"][..., t:t + 1, :] = k, v
+    state["length"] = t + 1
+    keys, values = state["k"][..., : t + 1, :], state["v"][..., : t + 1, :]
+    if torch.is_grad_enabled():  # autograd keeps them: the next token's write into the cache must not change them
+        keys, values = keys.clone(), values.clone()
+    return keys, values
+
+
+def state_bytes(state) -> int:
+    """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
+    if torch.is_tensor(state):
+        return state.numel() * state.element_size()
+    parts = state.values() if isinstance(state, dict) else state if isinstance(state, list) else []
+    return sum(state_bytes(part) for part in parts)
