@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support.states import append_to_cache  # the attention layers' keys and values, as t2r.py's softmax layer
-from t2r import full_precision, state_dtype  # float32 sums under autocast, as in the linear attention
+from support.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
 
 
 @dataclass

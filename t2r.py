@@ -18,7 +18,6 @@ Shapes: B batch, T target length, S source length, H heads (r), d head size, k f
 
 import copy
 import math
-from contextlib import nullcontext
 from dataclasses import InitVar, asdict, dataclass, field, replace
 from functools import partial
 
@@ -27,10 +26,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from support.adaptive import AdaptiveSoftmax
-from support.configs import check_config, converted_kinds
+from support.configs import check_config, check_convertible, converted_kinds
 from support.embedding import Embedding  # tokens and positions: sinusoids (the paper), learned (GPT-2), rotary (Llama)
 from support.llama_layers import RMSNorm, SwiGLU, rotate
-from support.states import append_to_cache  # the softmax layer's KV cache, doubling its capacity when full
+from support.states import append_to_cache, full_precision, state_dtype  # a KV cache's growth; float32 sums
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
@@ -152,15 +151,6 @@ FEATURE_MAPS = {"t2r": T2RFeatureMap, "elu": lambda *sizes: EluFeatureMap(), "rf
 # Linear attention, Eq. 4: out_i = phi(q_i) . sum_j phi(k_j) (x) v_j  /  phi(q_i) . sum_l phi(k_l)
 # Every form takes features fq (B, H, T, k), fk (B, H, S, k), values v (B, H, S, d), in float32 (float64 when given
 # float64) even under autocast: S and z sum thousands of positions, and bf16 keeps only 8 significant bits.
-
-def state_dtype(dtype: torch.dtype) -> torch.dtype:  # float32, or float64 for a float64 model
-    return torch.promote_types(dtype, torch.float32)
-
-
-def full_precision(device: torch.device):
-    """Switch autocast off, so the sums below are not silently cast back to bf16/fp16."""
-    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()
-
 
 def normalize(numerator, denominator):
     """The shared epsilon rule: numerator / max(|denominator|, EPS). For t2r and elu features the denominator is
@@ -287,11 +277,11 @@ class Attention(nn.Module):
         self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
         self.stacked_from = parts
 
-    def project_step(self, x, append_one: bool, rotation=None):
-        """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1)): each key/value head with its queries."""
+    def project_step(self, x, append_one: bool, rotation=None, dtype=None):
+        """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1)), in dtype (x's if None)."""
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
             self.stack_projections(append_one)
-        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1)
+        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1).to(dtype or x.dtype)  # one cast
         w = self.k_proj.out_features // self.n_kv_head
         q, k, v = qkv.split([self.group * w, w, qkv.shape[-1] - (self.group + 1) * w], -1)
         q = q.view(x.shape[0], self.n_kv_head, self.group, w)
@@ -394,7 +384,7 @@ class LinearAttention(Attention):
                                   dtype=state_dtype(dtype))}  # (B, n, k, d + 1)
 
     def step(self, x, state, rotation=None):  # x (B, h) -> (B, h)
-        q, k, v1 = (t.to(state["Sz"].dtype) for t in self.project_step(x, True, rotation))  # v1 = [v | 1]
+        q, k, v1 = self.project_step(x, True, rotation, state["Sz"].dtype)  # v1 = [v | 1], in the state's precision
         with full_precision(x.device):
             out = self.recur(q, k, v1, state)
         return self.merge_step(out.to(x.dtype))
@@ -405,8 +395,7 @@ class LinearAttention(Attention):
 
     def init_cross_state(self, source, key_mask):
         """[S | z] of the whole (masked) source, computed once per sentence."""
-        k, v = self.source_heads(source)
-        dtype = state_dtype(v.dtype)
+        (k, v), dtype = self.source_heads(source), state_dtype(source.dtype)
         with full_precision(source.device):
             (fk,) = self.feature_map(k.to(dtype))
             S, z = source_state(fk, v.to(dtype), key_mask)
@@ -586,12 +575,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     (section 3.2). Finetune the result. window=W: the sliding-window hybrid (after_t2r.py)."""
     config = model.config
     is_seq2seq = isinstance(model, Seq2SeqTransformer)
-    if attn not in ATTENTION_KINDS or attn == "softmax":
-        raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
-    if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
-        raise ValueError("this model is already converted: convert starts from a softmax transformer")
-    if is_folded(model):
-        raise ValueError("this model is folded for inference: convert the unfolded model")
+    check_convertible(config, attn, ATTENTION_KINDS, is_seq2seq, is_folded(model))  # one-line errors
     feature_size = feature_size or (4 if is_seq2seq else 32)
     new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
                          feature_size=feature_size, cross_attn=attn if is_seq2seq else config.cross_attn,
@@ -650,8 +634,7 @@ def is_folded(model: nn.Module) -> bool:
 
 
 # -----------------------------------------------------------------------------
-# The models people bring: Llama-family checkpoints switch on RMSNorm, SwiGLU and rotary positions
-# (support/llama_layers.py) by Config's last fields; support/hf.py reads their weights.
+# The models people bring: Config's last fields switch on a Llama's RMSNorm, SwiGLU (support/llama_layers.py)
 
 def make_norm(config: Config) -> nn.Module:
     if config.norm == "rmsnorm":

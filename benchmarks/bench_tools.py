@@ -49,7 +49,7 @@ class ProjectionsOnly(nn.Module):
 
     def step(self, x, state, rotation=None):
         attn = self.attn
-        _, _, v1 = attn.project_step(x, True, rotation)  # [v | 1] (B, H, 1, d + 1)
+        _, _, v1 = attn.project_step(x, True, rotation)  # [v | 1] (B, n, 1, d + 1)
         return attn.merge_step(v1[..., :attn.d_head])  # W_o v
 
 

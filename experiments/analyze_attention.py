@@ -31,7 +31,8 @@ from support import data
 from support.configs import feature_sizes
 from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
-from t2r import SoftmaxAttention, convert, full_precision, masked_similarity, normalize, state_dtype
+from support.states import full_precision, state_dtype
+from t2r import SoftmaxAttention, convert, masked_similarity, normalize
 
 
 # -----------------------------------------------------------------------------

@@ -113,6 +113,16 @@ def feature_sizes(config) -> tuple:
 KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
 
 
+def check_convertible(c, attn: str, attention_kinds: tuple, is_seq2seq: bool, folded: bool):
+    """Raise ValueError, in one line, where t2r.convert cannot start from the model of config c."""
+    if attn not in attention_kinds or attn == "softmax":
+        raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
+    if set(c.layer_kinds()) != {"softmax"} or (is_seq2seq and c.cross_attn != "softmax"):
+        raise ValueError("this model is already converted: convert starts from a softmax transformer")
+    if folded:
+        raise ValueError("this model is folded for inference: convert the unfolded model")
+
+
 def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
     """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
     (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...

@@ -12,9 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def exact(dtype: torch.dtype) -> torch.dtype:  # float32 at least: a norm or an angle in bf16 is off
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from support.states import state_dtype
 
 
 class RMSNorm(nn.Module):
@@ -25,7 +23,7 @@ class RMSNorm(nn.Module):
         self.weight, self.eps = nn.Parameter(torch.ones(d_model)), eps
 
     def forward(self, x):
-        y = x.to(exact(x.dtype))
+        y = x.to(state_dtype(x.dtype))  # float32 at least: a norm in bf16 is off
         return self.weight * (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
@@ -58,7 +56,7 @@ def rope_frequencies(config) -> torch.Tensor:
 
 
 def rotary_angles(positions, inv_freq, dtype):  # (cos, sin) of positions x frequencies, each (T, d)
-    wide = exact(dtype)  # the angles in float32 at least: a bf16 position count is off past 256
+    wide = state_dtype(dtype)  # the angles in float32 at least: a bf16 position count is off past 256
     angles = positions.to(wide)[:, None] * inv_freq.to(wide)  # (T, d / 2)
     angles = torch.cat([angles, angles], -1)  # the halves of a head pair up: dimension i with i + d / 2
     return angles.cos().to(dtype), angles.sin().to(dtype)

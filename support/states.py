@@ -1,11 +1,23 @@
 """
-The bookkeeping of the recurrent states (t2r.py's and sru.py's): the KV cache a softmax layer grows by one key and
-value a token, and the bytes a state holds, which bench.py and generate.py report.
+The bookkeeping of the recurrent states (t2r.py's and sru.py's): their precision (sums over thousands of positions
+in float32 at least, even under autocast), the KV cache a softmax layer grows by one key and value a token, and the
+bytes a state holds, which bench.py and generate.py report.
 
     python -m pytest -q tests/test_step.py
 """
 
+from contextlib import nullcontext
+
 import torch
+
+
+def state_dtype(dtype: torch.dtype) -> torch.dtype:  # float32, or float64 for a float64 model
+    return torch.promote_types(dtype, torch.float32)
+
+
+def full_precision(device: torch.device):
+    """Switch autocast off, so that a state's sums are not silently cast back to bf16/fp16."""
+    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()
 
 
 def append_to_cache(state, k, v):
