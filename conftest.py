@@ -43,7 +43,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 def command(script) -> list:
     """How a user runs `script`: a root script by its path (train_lm.py), a module of a folder with -m
-    (experiments.recall), which finds the repository's folders on PYTHONPATH when it runs elsewhere."""
+    (experiments.mqar), which finds the repository's folders on PYTHONPATH when it runs elsewhere."""
     return [os.path.join(ROOT, script)] if script.endswith(".py") else ["-m", script]
 
 

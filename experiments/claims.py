@@ -9,6 +9,8 @@ The rows here are results/*.csv rows as report.read_results() returns them: dict
 import math
 from dataclasses import dataclass
 
+from experiments.records import RETRAINED
+
 
 @dataclass(frozen=True)
 class PaperLM:
@@ -32,7 +34,7 @@ NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "
          "t2r-transfer-window": "T2R + transfer + window", "sru++": "SRU++"}
 HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "t2r75top": "the top layer kept"}
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
-RETRAINED_TEACHER = "softmax-retrained"  # the teacher trained again (same flags, another machine: other weights)
+RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
 NOT_MEASURED = "not measured"
 

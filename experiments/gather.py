@@ -11,6 +11,7 @@ import os
 
 import torch
 from sacrebleu.metrics import BLEU
+from experiments.claims import RETRAINED_TEACHER
 from experiments.probes import MAIN_K, attention_checkpoints
 from experiments.records import RETRAINED
 from experiments.study import read_json, shorten, state
@@ -187,7 +188,7 @@ def mt_pair_rows(runs: list) -> list:
     teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
     done = {(row["model"], row["init"]): (run, folder) for run, folder, row in trained_translators(runs)
             if os.path.isfile(os.path.join(folder, "test.hyp"))}
-    teacher, again = ("softmax", "random"), (f"softmax-{RETRAINED}", "random")
+    teacher, again = ("softmax", "random"), (RETRAINED_TEACHER, "random")
     pairs = [(key, teacher) for key in done if key != teacher]
     pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained")),
               (("t2r", "pretrained"), ("softmax", "pretrained")),  # against the control, the teacher trained on

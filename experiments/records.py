@@ -57,6 +57,16 @@ def weights_of(run) -> dict:
     return {**found, **({"teacher": digest(teacher)} if teacher and os.path.isfile(teacher) else {})}
 
 
+def same_value(saved, planned) -> bool:
+    """A flag's value as args.json saved it against another's (or the plan's): 3 and 3.0 are the same."""
+    if planned is True or saved is None:
+        return saved is planned
+    try:
+        return float(saved) == float(planned)
+    except (TypeError, ValueError):
+        return str(saved) == str(planned)
+
+
 def read(path: str) -> dict:
     if not os.path.isfile(path):
         return {}
@@ -91,7 +101,7 @@ class Records:
         if None in (record.get("model.pt"), here.get("model.pt")) or record["model.pt"] == here["model.pt"]:
             return False  # the same weights, or weights no longer there to compare
         flags, kept_flags = (read(os.path.join(folder, "args.json")) for folder in (run.out_dir, self.folder(run)))
-        return all(str(flags.get(name)) == str(kept_flags.get(name)) for name in run.flags if name not in UNCHECKED)
+        return all(same_value(flags.get(name), kept_flags.get(name)) for name in run.flags if name not in UNCHECKED)
 
     def set_aside(self, run):
         """The new training's files move to retrained/ (in the record and the out_dir), and the out_dir reads as

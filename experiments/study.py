@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from experiments.claims import LONGER  # the row of T2R from scratch for the conversion's total steps
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
-from experiments.records import UNCHECKED, Records, machine, weights_of
+from experiments.records import UNCHECKED, Records, machine, same_value, weights_of
 from support.configs import feature_sizes
 from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from t2r import Config
@@ -315,15 +315,6 @@ def changed_flags(run: Run) -> list:
         if name not in UNCHECKED and not same_value(was, planned) and not trains_on:
             changed.append(f"--{name} {was} (the plan: {planned})")
     return changed
-
-
-def same_value(saved, planned) -> bool:
-    if planned is True or saved is None:
-        return saved is planned
-    try:
-        return float(saved) == float(planned)
-    except (TypeError, ValueError):
-        return str(saved) == str(planned)
 
 
 def refuse_changed(runs: list, records: Records | None):

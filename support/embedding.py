@@ -23,7 +23,8 @@ def sinusoidal_positions(positions, d_model: int):
 
 
 class Embedding(nn.Module):
-    """Token embedding times sqrt(h) plus sinusoidal positions, then dropout; GPT-2's: unscaled, learned positions."""
+    """Token embedding times sqrt(h) plus sinusoidal positions, then dropout; GPT-2's: unscaled, learned positions;
+    a Llama's: unscaled, nothing added (rotation gives its attention layers the rotary angles)."""
 
     def __init__(self, config):  # a t2r.Config
         super().__init__()
@@ -41,10 +42,10 @@ class Embedding(nn.Module):
             raise ValueError(f"position {end - 1} is past the {self.pos.num_embeddings} learned positions")
 
     def forward(self, tokens, start=0):  # tokens: (B, T) from position start (an int or a 0-dim tensor) -> (B, T, h)
-        positions = torch.arange(tokens.shape[1], device=tokens.device) + start
         embedded = self.tok(tokens)  # in the table's dtype (the float32 positions would promote bf16)
         if self.rotary:
             return self.drop(embedded * self.scale)
+        positions = torch.arange(tokens.shape[1], device=tokens.device) + start
         if self.pos is None:
             return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
         if isinstance(start, int):  # a tensor start is checked by its caller (a CUDA graph, once for all its steps)

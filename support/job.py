@@ -237,11 +237,11 @@ def check_training_fits(task, make):
     no memory) cannot train in the memory free on the device."""
     with torch.device("meta"):
         model = make()
-    params = sum(p.numel() for p in model.parameters())
     element = 2 if task.dtype in (torch.bfloat16, torch.float16) else 4
     weights, activations = training_bytes(model, task.tokens_per_step(), element)
-    check_fits(weights + activations, task.device, f"training {params:,} parameters on {task.tokens_per_step():,} "
-               f"tokens a step", f"lower {task.BATCH_FLAGS if activations > weights else MODEL_SIZE_FLAGS}")
+    fix = f"lower {task.BATCH_FLAGS if activations > weights else MODEL_SIZE_FLAGS}"
+    check_fits(weights + activations, task.device, f"training {weights // 16:,} parameters on "
+               f"{task.tokens_per_step():,} tokens a step", fix)
 
 
 MODEL_SIZE_FLAGS = "--d_model, --d_ff, --n_layer or --feature_size"

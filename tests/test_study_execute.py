@@ -226,7 +226,7 @@ def test_a_lost_out_dir_is_restored_from_the_records_and_nothing_retrains(tmp_pa
     assert all(study.state(r) == "done" and not os.path.exists(os.path.join(r.out_dir, "trace.json")) for r in plan)
 
 
-def test_a_kept_teacher_trains_again_for_a_new_conversion_and_must_match_its_record(tmp_path):
+def test_a_kept_teacher_trains_again_for_a_new_conversion_into_its_recorded_weights(tmp_path):
     plan, records = kept_plan(tmp_path)
     study.execute(plan, dry_run=False, jobs=1, records=records)
     shutil.rmtree(tmp_path / "out")
@@ -271,11 +271,13 @@ def test_a_run_trained_with_other_flags_than_its_record_replaces_the_record(tmp_
     teacher, first = plan[0], digests(tmp_path / "records/teacher")["model.pt"]
     teacher.flags["max_steps"] = 8
     (tmp_path / "out/teacher/args.json").write_text(json.dumps({**teacher.flags, "max_steps": 8}))
-    write_weights(tmp_path / "out/teacher/model.pt", 2.0)
+    for name in ("model.pt", "ckpt.pt"):
+        write_weights(tmp_path / "out/teacher" / name, 2.0)
     os.remove(tmp_path / "out/teacher/weights.json")
     records.keep(teacher)
     assert digests(tmp_path / "records/teacher")["model.pt"] == digests(tmp_path / "out/teacher")["model.pt"] != first
     assert not os.path.exists(tmp_path / "records/teacher/retrained")
+    assert study.converted_from_an_older_teacher(plan[1], plan, records), "its conversion is stale"
 
 
 def test_a_run_that_finished_as_the_study_stopped_is_noted_as_trained_here(tmp_path):
