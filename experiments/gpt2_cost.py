@@ -27,14 +27,15 @@ FEATURE_SIZE = 32  # T2R's k, as in the paper
 LENGTH = 1024  # GPT-2's last position
 
 
-def memory(config: Config, feature_size: int = FEATURE_SIZE, length: int = LENGTH) -> dict:
-    """Bytes in float32, computed on the meta device: the model is described, nothing is allocated."""
+def memory(config: Config, feature_size: int = FEATURE_SIZE, lengths: tuple = (LENGTH,)) -> dict:
+    """Bytes in float32, computed on the meta device: the model is described, nothing is allocated; the KV cache
+    at each of lengths."""
     with torch.device("meta"):
         student = convert(TransformerLM(config), "t2r", feature_size)
         state = state_bytes(student.init_state(batch_size=1))
     weights = 4 * student.num_params()
     return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
-            f"kv_cache_{length}": 4 * 2 * config.n_layer * length * config.kv_width()}
+            **{f"kv_cache_{n}": 4 * 2 * config.n_layer * n * config.kv_width() for n in lengths}}
 
 
 def step_seconds(model, repeats: int, tokens: int = 512) -> float:
@@ -70,11 +71,11 @@ def timed_models(config: Config, shape: str, repeats: int) -> tuple:
     return teacher, student
 
 
-def decoding(model) -> tuple:
-    """Greedy tokens/s over LENGTH tokens at batch 1, and the per-token latency at tokens 32 and LENGTH."""
+def decoding(model, at: tuple = (32, LENGTH)) -> tuple:
+    """Greedy tokens/s over at[-1] tokens at batch 1, and the per-token latency at each of the lengths `at`."""
     generate(model, "step", 1, 16, torch.device("cpu"))  # warm-up
-    times, _, _ = generate(model, "step", 1, LENGTH, torch.device("cpu"))
-    return LENGTH / sum(times), latency_at(times, 32), latency_at(times, LENGTH)
+    times, _, _ = generate(model, "step", 1, at[-1], torch.device("cpu"))
+    return at[-1] / sum(times), [latency_at(times, n) for n in at]
 
 
 def main(argv=None):
@@ -89,7 +90,7 @@ def main(argv=None):
     teacher, student = timed_models(config, "GPT-2's", args.repeats)
     with torch.no_grad():
         for name, model in (("softmax, KV cache", teacher.eval()), (f"t2r k={FEATURE_SIZE}, folded", fold(student))):
-            rate, first, last = decoding(model)
+            rate, (first, last) = decoding(model)
             print(f"greedy decoding of {LENGTH} tokens, batch 1 | {name} | {rate:.1f} tokens/s | "
                   f"{1000 * first:.1f} ms a token at 32, {1000 * last:.1f} ms at {LENGTH}", flush=True)
 

@@ -14,8 +14,7 @@ feature map reads the rotated q and k, so T2R decodes unfolded (Eq. 8 does not a
 """
 
 import torch
-from bench import generate, latency_at
-from experiments.gpt2_cost import FEATURE_SIZE, memory, print_memory, timed_models
+from experiments.gpt2_cost import FEATURE_SIZE, decoding, memory, print_memory, timed_models
 from support import hf
 from support.runtime import Parser, positive_int, run_main
 
@@ -32,18 +31,15 @@ def main(argv=None):
     p.add_argument("--repeats", type=positive_int, default=2, help="finetuning steps timed after the warm-up")
     args = p.parse_args(argv)
     config = hf.llama_config(SMOLLM2_135M, "SmolLM2-135M")
-    print_memory({**memory(config), **{f"kv_cache_{n}": 4 * 2 * config.n_layer * n * config.kv_width()
-                                       for n in LENGTHS}})
+    print_memory(memory(config, lengths=LENGTHS))
     if args.memory_only:
         return
     teacher, student = timed_models(config, "SmolLM2-135M's", args.repeats)
     with torch.no_grad():
         for name, model in (("softmax, KV cache", teacher.eval()), (f"t2r k={FEATURE_SIZE}", student.eval())):
-            generate(model, "step", 1, 16, torch.device("cpu"))  # warm-up
-            times, _, _ = generate(model, "step", 1, LENGTHS[-1], torch.device("cpu"))
-            at = " | ".join(f"{1000 * latency_at(times, n):.1f} ms a token at {n}" for n in LENGTHS)
-            print(f"greedy decoding of {LENGTHS[-1]} tokens, batch 1 | {name} | {LENGTHS[-1] / sum(times):.1f} "
-                  f"tokens/s | {at}", flush=True)
+            rate, latencies = decoding(model, LENGTHS)
+            at = " | ".join(f"{1000 * latency:.1f} ms a token at {n}" for n, latency in zip(LENGTHS, latencies))
+            print(f"greedy decoding of {LENGTHS[-1]} tokens, batch 1 | {name} | {rate:.1f} tokens/s | {at}", flush=True)
 
 
 if __name__ == "__main__":

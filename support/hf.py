@@ -111,9 +111,10 @@ def read_settings(folder: str) -> dict:
     return settings
 
 
-def read_config(folder: str) -> Config:
-    """Our Config of the folder's config.json, for each family its own reading; any other family is refused."""
-    settings, where = read_settings(folder), os.path.join(folder, "config.json")
+def read_config(folder: str, settings: dict | None = None) -> Config:
+    """Our Config of the folder's config.json (its settings, if read already), for each family its own reading; any
+    other family is refused."""
+    settings, where = settings or read_settings(folder), os.path.join(folder, "config.json")
     family = settings.get("model_type")
     if family == "gpt2":
         return gpt2_config(settings, where)
@@ -125,15 +126,11 @@ def read_config(folder: str) -> Config:
 
 def gpt2_config(settings: dict, where: str) -> Config:
     """Our Config of the settings of a GPT-2 config.json, refusing any that would compute something else."""
-    if not isinstance(settings, dict):
-        raise UserError(f"{where} holds a JSON {type(settings).__name__}, not an object of settings: it is damaged")
     sizes = {key: settings.get(key) for key in ("vocab_size", "n_layer", "n_head", "n_embd", "n_positions")}
     wrong = next((key for key, value in sizes.items() if type(value) is not int or value < 1), None)  # true is no int
     if wrong and wrong in settings:
         raise UserError(f"{where} has {wrong}={settings[wrong]!r}: a GPT-2 size is a positive whole number")
     get = settings.get
-    if get("model_type") != "gpt2":
-        raise UserError(f"{where} describes a {get('model_type')!r} model: only GPT-2 (model_type gpt2) converts")
     for key, values in SUPPORTED.items():
         if get(key, values[0]) not in values:
             raise UserError(f"{where} has {key}={get(key)!r}, which our model does not compute (ours: {values[0]!r})")
@@ -241,7 +238,8 @@ def read_tensors(folder: str) -> dict:
 
 def load(folder: str) -> TransformerLM:
     """Our softmax TransformerLM with the checkpoint's weights: every tensor of it used, or a one-line error."""
-    config, tensors, family = read_config(folder), read_tensors(folder), read_settings(folder)["model_type"]
+    settings = read_settings(folder)
+    config, tensors, family = read_config(folder, settings), read_tensors(folder), settings["model_type"]
     with torch.device("meta"):  # shapes first, no memory: a config.json too large for its tensors is refused here
         shapes = TransformerLM(config)
     head = "lm_head.weight"  # a tied model's output layer is its embedding: saved or not, it is not read
