@@ -208,14 +208,16 @@ def mqar_section(results: dict, figure) -> list:
     rows, where = results["mqar"], results["mqar_machine"]
     if not rows:
         return []
-    pairs = sorted({r["pairs"] for r in rows})
-    longest = max(r["length"] for r in rows)
+    from experiments.mqar import SIZES  # the sizes of the command that wrote the CSV
+    size = SIZES["quick" if "--quick" in where.get("command", "") else "full"]
+    pairs, longest = sorted({r["pairs"] for r in rows}), max(r["length"] for r in rows)
     lines = ["## What a fixed state forgets: associative recall (MQAR)", "",
              "Multi-query associative recall (Arora et al., 2023): a sequence lists N key-value pairs, then asks for "
              "every key again at a random later position; a model must answer with the key's value. Softmax "
              "attention looks the key up in its KV cache, which grows with the sequence; a T2R state of k x d numbers "
-             "a head holds every pair at once. A 2-layer teacher (d_model 128, 4 heads), its conversions to T2R "
-             "(finetuned; also after attention transfer, and with a 16-token softmax window), and T2R and SRU++ "
+             f"a head holds every pair at once. A {size['n_layer']}-layer teacher (d_model {size['d_model']}, "
+             f"{size['n_head']} heads), its conversions to T2R (finetuned; also after attention transfer, and with a "
+             f"{size['window']}-token softmax window), and T2R and SRU++ "
              f"trained from scratch for the teacher's steps; {rows[0]['length']}-{longest} tokens, accuracy over "
              f"every query of the same test sequences. Produced by {mqar_provenance(where)}.", "",
              "| model | steps | state bytes at " + f"{longest} tokens | " +
