@@ -3,19 +3,26 @@ What came after T2R, on top of t2r.py: the sliding-window hybrid (softmax over t
 before them) and attention transfer (train the new feature maps to imitate softmax before finetuning). Both are
 conversion methods of the linearizing work since T2R (Hedgehog, LoLCATs, Liger).
 
+Both enter through t2r.py's seams: the window layers are what the student's make_attention builds when
+t2r.convert makes it (convert_to_window), attention transfer is a stage of its own before finetuning.
+
     python train_lm.py --init pretrained --window 64             # convert to the hybrid, finetune
     python train_lm.py --init pretrained --transfer_steps 200    # attention transfer first, then finetune
     python -m pytest -q tests/test_window.py tests/test_transfer.py
 """
 
 import math
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from t2r import LinearAttention, add_to_state, linear_attention_chunked_sums, normalize, softmax_attention
+from families import FamilyConfig, FamilyLM, GroupedAttention
+from layers.states import full_precision
+from t2r import (LinearAttention, Seq2SeqTransformer, add_to_state, convert, linear_attention_chunked_sums,
+                 normalize, softmax_attention, widened)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -66,12 +73,12 @@ def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int
     return normalize(numerator, denominator)
 
 
-def window_attention_step(q, k, fq, v, state, window: int, gate, feature_map):
+def window_attention_step(q, k, fq, v, state, window: int, gate, phi):
     """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
     buffer and [S | z] of the tokens that have left it: O(W d + k d) per head at every length."""
     t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
     if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
-        fk_old = feature_map(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
+        fk_old = phi(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
         add_to_state(fk_old, F.pad(state["v"][:, :, slot], (0, 1), value=1.0), Sz)
     state["k"][:, :, slot], state["v"][:, :, slot] = k, v
     state["length"] = t + 1
@@ -88,16 +95,24 @@ class WindowAttention(LinearAttention):
 
     foldable = False  # the window's softmax needs q and k themselves, which folding (Eq. 8) would not form
 
-    def __init__(self, d_model, n_head, kind, feature_size, chunk_size, window: int, bias: str = "all"):
-        super().__init__(d_model, n_head, True, kind, feature_size, chunk_size, bias)
-        self.window = window
-        self.window_gate = nn.Parameter(torch.zeros(n_head))  # log g per head: g = 1 at the start
+    def __init__(self, config, kind: str, feature_size: int):
+        super().__init__(config, True, kind, feature_size)
+        self.window = config.window
+        self.window_gate = nn.Parameter(torch.zeros(self.n_head))  # log g per head: g = 1 at the start
+
+    def forward(self, x, source=None, key_mask=None, **position):  # position: rotary angles (GroupedWindowAttention)
+        q, k, v = self.project(x, x, **position)
+        return self.merge(self.attend(q, k, v, False, key_mask).to(x.dtype))
 
     def causal_form(self, q, k, fq, fk, v):
+        q, k = widened(q, k)
         gate = self.window_gate.to(q.dtype).exp()
         if self.chunk_size:
             return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
         return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
+
+    def new_tensors(self) -> list:  # the gates are new too
+        return super().new_tensors() + ["window_gate"]
 
     # Recurrent form: [S | z] as T2R's, and the last W keys and values in a ring buffer
     def init_state(self, batch_size: int, device, dtype):
@@ -105,10 +120,59 @@ class WindowAttention(LinearAttention):
         ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=state["Sz"].dtype)
         return {**state, "k": ring, "v": ring.clone(), "length": 0}
 
-    def recur(self, q, k, v1, state):
+    def step(self, x, state, **position):  # x (B, h) -> (B, h)
+        q, k, v1 = self.project_step(x, True, **position)
         (fq,) = self.feature_map(q)
-        return window_attention_step(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1], state, self.window,
-                                     self.window_gate.to(q.dtype).exp(), self.feature_map)
+        phi = lambda key: widened(*self.feature_map(key.to(self.v_proj.weight.dtype)))  # a key leaving the window
+        with full_precision(x.device):
+            q, k, fq, v = widened(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1])
+            out = window_attention_step(q, k, fq, v, state, self.window, self.window_gate.to(q.dtype).exp(), phi)
+        return self.merge_step(out.to(x.dtype))
+
+
+class GroupedWindowAttention(GroupedAttention, WindowAttention):
+    """The hybrid in a family's model (families.py): its biases and rotary positions, one key/value head a query's."""
+
+
+@dataclass
+class WindowConfig(FamilyConfig):
+    window: int = 64  # the causal linear layers attend with softmax to the last W tokens
+
+    def __post_init__(self, positions=None):
+        super().__post_init__(positions)
+        if not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window={self.window!r} must be an integer >= 0")
+        if self.n_kv_head not in (0, self.n_head):
+            raise ValueError("the sliding-window hybrid takes one key/value head per query head: n_kv_head = n_head")
+
+
+class WindowLayers:
+    """Mixed into a model class: its causal linear-attention layers are window layers."""
+
+    def make_attention(self, kind: str, causal: bool, feature_size: int):
+        if not causal or kind == "softmax" or not self.config.window:
+            return super().make_attention(kind, causal, feature_size)
+        return (GroupedWindowAttention if self.config.is_grouped() else WindowAttention)(self.config, kind, feature_size)
+
+
+class WindowLM(WindowLayers, FamilyLM):
+    """A language model (the paper's, or a family's: families.py) with window layers."""
+
+
+class WindowTranslator(WindowLayers, Seq2SeqTransformer):
+    """The translator with window layers in its decoder's self-attention."""
+
+
+def window_model(config: WindowConfig):
+    return (WindowTranslator if config.n_encoder_layer else WindowLM)(config)
+
+
+def convert_to_window(model, window: int, attn: str = "t2r", **kwargs):
+    """t2r.convert, the student's causal linear layers the sliding-window hybrid of W = window (0: plain convert)."""
+    if not window:
+        return convert(model, attn, **kwargs)
+    return convert(model, attn, build=lambda config: window_model(WindowConfig(**config.to_dict(), window=window)),
+                   **kwargs)
 
 
 # -----------------------------------------------------------------------------
@@ -123,12 +187,14 @@ def linear_attention_layers(model: nn.Module) -> list:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, LinearAttention)]
 
 
-def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None, rotation=None):
+def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None, **position):
     """A layer's forward during attention transfer: pass on the softmax attention of the layer's own q, k, v (the
-    teacher's output exactly), and keep the squared error of its linear attention against it in errors[layer]."""
-    q, k, v = (t.detach() for t in layer.project(x, x if source is None else source, rotation))  # only phi, g learn
-    cross = source is not None
-    target = softmax_attention(q, k, v, layer.causal and not cross, key_mask)  # Eq. 2
+    teacher's output exactly), and keep the squared error of its linear attention against it in errors[layer].
+    position: the rotary angles where the model has them (families.py)."""
+    q, k, v = (t.detach() for t in layer.project(x, x if source is None else source, **position))  # only phi, g learn
+    cross, group = source is not None, q.shape[1] // k.shape[1]  # group > 1: grouped-query heads (families.py)
+    target = softmax_attention(q, *(t.repeat_interleave(group, 1) for t in (k, v)), layer.causal and not cross,
+                               key_mask)  # Eq. 2
     own = layer.attend(q, k, v, cross, key_mask)
     errors[layer] = (own - target.to(own.dtype)).pow(2).mean((1, 3))  # (B, T), mean over heads and d
     return layer.merge(target)

@@ -38,7 +38,7 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     steps_per_s, theory_ratio, time_shares)
 from support.runtime import (Parser, UserError, decoding_kernels, is_sru, load_checkpoint, non_negative_int, run_main,
                              seed)
-from support.states import state_bytes
+from layers.states import state_bytes
 from translate import decode_speed, load_run
 
 CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
@@ -304,7 +304,7 @@ def bench_memory(args, rows):
     for name, k in (("t2r32", 32), ("t2r32_window64", 32), ("t2r4", 4), ("elu", config.d_model // config.n_head),
                     ("rfa32", 32)):
         model, size = state_after(name, 8)  # constant
-        record(name, size, theory_ratio(N, config.d_model, config.n_head, k, model.config.window))
+        record(name, size, theory_ratio(N, config.d_model, config.n_head, k, getattr(model.config, "window", 0)))
     for name in SRU_MODELS:  # c is constant, the attention layers' caches grow
         model, size = state_after(name, N)
         record(name, size, sru_theory_ratio(N, model.config))

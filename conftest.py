@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from t2r import Config
+from support.configs import build_model, config_of
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -183,12 +183,11 @@ def write_parallel(folder, seed=0, n=(400, 30, 30)):
 def tiny_translator(kind, seed=0, dtype=torch.float64, window=0):
     """A random 2+2-layer translator with peaky, varied predictions (so decoding choices matter); window=W: its causal
     self-attention the sliding-window hybrid."""
-    from t2r import Seq2SeqTransformer
     torch.manual_seed(seed)
-    config = Config(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
-                    attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=0,
-                    window=window)
-    model = Seq2SeqTransformer(config)
+    config = config_of(dict(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
+                            attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=0,
+                            window=window))
+    model = build_model(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.add_(torch.randn_like(p) * (0.5 if name.endswith("weight") else 0.2))
@@ -241,19 +240,20 @@ def trained_translator(tmp_path_factory):
 def lm_config(kind="softmax", **overrides):
     base = dict(vocab_size=37, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=kind,
                 feature_size=6, chunk_size=4)
-    return Config(**{**base, **overrides})
+    return config_of({**base, **overrides})  # the paper's Config, or with window / family fields their own
 
 
 def mt_config(kind="softmax", **overrides):
     base = dict(vocab_size=37, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
                 attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4)
-    return Config(**{**base, **overrides})
+    return config_of({**base, **overrides})
 
 
 def make(model_class, config, dtype=torch.float64, seed=0):
     """A model in eval mode whose biases are non-zero, as after training (init sets them to zero)."""
     torch.manual_seed(seed)
-    model = model_class(config)
+    model = build_model(config)  # model_class, or its window or family subclass where the config says so
+    assert isinstance(model, model_class)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):

@@ -26,7 +26,7 @@ from support import data
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
-from support.states import state_bytes
+from layers.states import state_bytes
 from t2r import LinearAttention, T2RFeatureMap, fold, is_folded
 from train_lm import data_identity
 
@@ -181,7 +181,8 @@ class CapturedStep:
         if model.config.n_encoder_layer or not all(type(a) is LinearAttention for a in attentions):
             raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
                              "(linear attention without a window); use --step eager")
-        model.embed.check_end(length)  # the graph reads its position on the device: checked here, for every step
+        if hasattr(model.embed, "check_end"):  # a learned table (families.py): the graph reads its position on the
+            model.embed.check_end(length)  # device, so it is checked here, for every step
         self.model, self.length, self.batch_size, self.steps = model, length, None, 0
 
     def record(self, batch_size: int):
@@ -272,7 +273,7 @@ def describe(model) -> tuple[str, str]:
         return model.describe()
     c = model.config
     kinds = sorted(set(c.layer_kinds()))
-    window = f" with a softmax window of {c.window}" if c.window else ""
+    window = f" with a softmax window of {c.window}" if getattr(c, "window", 0) else ""  # after_t2r.WindowConfig
     folded = " (folded, Eq. 8)" if is_folded(model) else ""
     form = "KV cache" if kinds == ["softmax"] else "recurrent state (RNN)"
     return f"attention {', '.join(kinds)}{window}{folded}", form

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
+from layers.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
 
 
 @dataclass

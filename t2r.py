@@ -8,7 +8,8 @@ A transformer whose attention can be
     rfa     : random Fourier features of l2-normalised q, k (Peng et al., 2021)
 Every kind has a parallel form for training and a recurrent one for generation: the linear kinds keep a state
 S (k x d) and z (k) per head (Eqs. 5-7), softmax a KV cache. `convert` is the swap of section 2.2, `fold` merges
-the feature map into W_q and W_k (Eq. 8). What came after T2R is in after_t2r.py.
+the feature map into W_q and W_k (Eq. 8). Beside this file: the checkpoint families people bring (families.py) and
+what came after T2R (after_t2r.py), both subclasses of the classes here.
 
     python train_lm.py --init pretrained      # pretrain softmax, swap to T2R, finetune; python generate.py samples
     python train_mt.py --init pretrained      # the same for a translator's decoder (causal k=4, cross k=32)
@@ -18,21 +19,17 @@ Shapes: B batch, T target length, S source length, H heads (r), d head size, k f
 
 import copy
 import math
-from dataclasses import InitVar, asdict, dataclass, field, replace
-from functools import partial
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from support.adaptive import AdaptiveSoftmax
-from support.configs import check_config, check_convertible, converted_kinds
-from support.embedding import Embedding  # tokens and positions: sinusoids (the paper), learned (GPT-2), rotary (Llama)
-from support.llama_layers import RMSNorm, SwiGLU, rotate
-from support.states import append_to_cache, full_precision, state_dtype  # a KV cache's growth; float32 sums
+from layers.adaptive import AdaptiveSoftmax
+from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
+from layers.states import append_to_cache, full_precision, state_dtype  # a KV cache's growth; float32 sums
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
-ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 # The one epsilon rule of every linear form (quadratic, chunked, non-causal, recurrent):
 # ReLU features can all be zero, so the normaliser phi(q).z of Eq. 7 can be zero.
 EPS = 1e-6
@@ -52,43 +49,50 @@ class Config:
     attn: str | list = "softmax"    # causal self-attention kind: one for all layers, or a list, one per layer
     feature_size: int = 32          # k of the causal self-attention (t2r, rfa); elu always has k = d
     chunk_size: int = 64            # chunk length of the causal linear attention in training; 0: quadratic form
-    window: int = 0                 # causal linear layers attend with softmax to the last W tokens (after_t2r.py)
     n_encoder_layer: int = 0        # encoder layers of Seq2SeqTransformer (its encoder is always softmax)
     cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
     cross_feature_size: int = 32    # k of the cross attention
     pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
-    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax (support/adaptive.py): the
+    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax (layers/adaptive.py): the
     #                                 vocabulary bands [0, c1), [c1, c2), ... by frequency; [] for none
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
-    max_positions: int = 0          # > 0: a learned table of positions, the longest sequence (GPT-2); 0: sinusoids
-    activation: str = "relu"        # of the feed-forward hidden layer, or "gelu_tanh" (GPT-2's tanh approximation)
-    scale_embedding: bool = True    # token embedding times sqrt(h) (Vaswani et al.); GPT-2 does not scale it
-    # The switches of Llama-family checkpoints (the last section; support/hf.py): the defaults are the paper's model
-    norm: str = "layernorm"         # or "rmsnorm": x / rms(x) times a gain, no mean, no bias (Zhang & Sennrich 2019)
-    norm_eps: float = 1e-5          # the epsilon of every norm
-    ffn: str = "mlp"                # or "swiglu": down(silu(gate x) * up x), three maps, no bias (Shazeer 2020)
-    bias: str = "all"               # the linear maps with a bias: all; none (Llama); qkv: q, k, v only (Qwen2)
-    n_kv_head: int = 0              # key/value heads, each shared by n_head / n_kv_head query heads; 0: n_head
-    rope_theta: float = 0.0         # > 0: rotary positions with this base (Su et al. 2021), none added to the input
-    rope_scaling: dict | None = None  # the checkpoint's stretch of the rotary frequencies: linear or llama3
 
-    positions: InitVar[str | None] = None  # not kept: "learned" or "sinusoidal", as checkpoints before said it
-
-    def __post_init__(self, positions):
-        check_config(self, ATTENTION_KINDS, ACTIVATIONS, positions)  # one-line errors for what cannot be
+    def __post_init__(self):  # one-line errors for what cannot be built
+        for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
+                            ("n_encoder_layer", 0), ("chunk_size", 0), ("feature_size", 1), ("cross_feature_size", 1),
+                            ("adaptive_factor", 1)):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < least:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= {least}")
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+        self.attn = list(self.attn) if isinstance(self.attn, (list, tuple)) else self.attn
+        if isinstance(self.attn, list) and len(self.attn) != self.n_layer:
+            raise ValueError(f"attn lists {len(self.attn)} kinds for n_layer={self.n_layer} layers")
+        for kind, name in [(kind, "feature_size") for kind in self.layer_kinds()] + [(self.cross_attn, "cross_feature_size")]:
+            if kind not in ATTENTION_KINDS:
+                raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
+            if kind == "rfa" and getattr(self, name) % 2:
+                raise ValueError(f"rfa uses sin and cos features: {name} must be even")
+        self.adaptive_cutoffs, edges = list(self.adaptive_cutoffs), [0, *self.adaptive_cutoffs, self.vocab_size]
+        if self.adaptive_cutoffs and edges != sorted(set(edges)):
+            raise ValueError(f"adaptive_cutoffs={self.adaptive_cutoffs} must increase strictly inside (0, "
+                             f"vocab_size={self.vocab_size})")
+        if self.adaptive_cutoffs and self.d_model // self.adaptive_factor ** len(self.adaptive_cutoffs) < 1:
+            raise ValueError(f"adaptive_factor={self.adaptive_factor} leaves the last band no dimension of "
+                             f"d_model={self.d_model}")
+        if self.adaptive_cutoffs and (self.n_encoder_layer or not self.tie_embeddings):
+            raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, "
+                             "and no encoder")
 
     def layer_kinds(self) -> list:  # the causal self-attention kind of each decoder layer, bottom to top
         return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
-
-    def kv_width(self) -> int:  # the width of a layer's keys (and of its values): n_kv_head heads of d
-        return (self.n_kv_head or self.n_head) * (self.d_model // self.n_head)
 
     def to_dict(self) -> dict:  # a plain dict, so that checkpoints load with torch.load(weights_only=True)
         return asdict(self)
 
 
 # -----------------------------------------------------------------------------
-# Feature maps phi (Eq. 3): (B, H, T, d) -> (B, H, T, k). One module per attention layer.
+# Feature maps phi (Eq. 3): (B, H, T, d) -> (B, H, T, k). One module per attention layer, in the model's precision.
 # Called as fq, fk = phi(q, k) so that both sides of a head see the same map.
 
 class T2RFeatureMap(nn.Module):
@@ -101,9 +105,8 @@ class T2RFeatureMap(nn.Module):
         self.bias = nn.Parameter(torch.empty(n_head, feature_size).uniform_(-bound, bound))
 
     def phi(self, x):
-        weight, bias = self.weight.to(x.dtype), self.bias.to(x.dtype)  # in x's: a bf16 model's step feeds float32
         # Eq. 3b: phi(x) = relu(W_phi x + b_phi), the same MLP for the queries and keys of a head
-        return F.relu(torch.einsum("bhtd,hkd->bhtk", x, weight) + bias[:, None, :])
+        return F.relu(torch.einsum("bhtd,hkd->bhtk", x, self.weight) + self.bias[:, None, :])
 
     def forward(self, *xs):
         return tuple(self.phi(x) for x in xs)
@@ -135,8 +138,8 @@ class RFAFeatureMap(nn.Module):
         self.register_buffer("omega", torch.randn(n_head, self.n_random, d_head))  # (H, D, d)
 
     def phi(self, x, omega):
-        x = F.normalize(x, dim=-1, eps=EPS) / self.log_tau.to(x.dtype).exp()[:, None, None]
-        wx = torch.einsum("bhtd,hnd->bhtn", x, omega.to(x.dtype))  # in x's precision, as T2R's
+        x = F.normalize(x, dim=-1, eps=EPS) / self.log_tau.exp()[:, None, None]
+        wx = torch.einsum("bhtd,hnd->bhtn", x, omega)
         return torch.cat([wx.sin(), wx.cos()], dim=-1) / math.sqrt(self.n_random)  # (B, H, T, k)
 
     def forward(self, *xs):
@@ -149,8 +152,7 @@ FEATURE_MAPS = {"t2r": T2RFeatureMap, "elu": lambda *sizes: EluFeatureMap(), "rf
 
 # -----------------------------------------------------------------------------
 # Linear attention, Eq. 4: out_i = phi(q_i) . sum_j phi(k_j) (x) v_j  /  phi(q_i) . sum_l phi(k_l)
-# Every form takes features fq (B, H, T, k), fk (B, H, S, k), values v (B, H, S, d), in float32 (float64 when given
-# float64) even under autocast: S and z sum thousands of positions, and bf16 keeps only 8 significant bits.
+# Every form takes features fq (B, H, T, k), fk (B, H, S, k), values v (B, H, S, d).
 
 def normalize(numerator, denominator):
     """The shared epsilon rule: numerator / max(|denominator|, EPS). For t2r and elu features the denominator is
@@ -173,6 +175,22 @@ def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
     sim = masked_similarity(fq, fk, causal, key_mask)
     # Eq. 4, first line: out_i = sum_j sim~(q_i, k_j) v_j / sum_l sim~(q_i, k_l)
     return normalize(sim @ v, sim.sum(-1))
+
+
+# Why it is an RNN. The sums of Eq. 4 do not depend on the query, so they can be taken before it (associativity):
+#   sum_j (phi(q_i) . phi(k_j)) v_j  =  phi(q_i)^T sum_j phi(k_j) v_j^T  =  phi(q_i)^T S_i     (Eq. 5: S, k x d)
+#   sum_l  phi(q_i) . phi(k_l)       =  phi(q_i)^T sum_l phi(k_l)        =  phi(q_i)^T z_i     (Eq. 5: z, k)
+# and the causal sums over j <= i grow by one term a position:
+#   S_i = S_{i-1} + phi(k_i) v_i^T,   z_i = z_{i-1} + phi(k_i)                                    (Eq. 6)
+#   out_i = phi(q_i)^T S_i / phi(q_i)^T z_i                                                       (Eq. 7)
+# A state of k (d + 1) numbers per head replaces the i keys and values a softmax layer keeps.
+
+def linear_attention_step(fq, fk, v, S, z):
+    """One recurrent step, the reference: fq, fk (B, H, k), v (B, H, d); S (B, H, k, d) and z (B, H, k) are updated
+    in place. -> out (B, H, d)"""
+    S += fk[..., :, None] * v[..., None, :]  # Eq. 6: S_i = S_{i-1} + phi(k_i) v_i^T
+    z += fk  # Eq. 6: z_i = z_{i-1} + phi(k_i)
+    return normalize((fq[..., None, :] @ S)[..., 0, :], (fq * z).sum(-1))  # Eq. 7: phi(q_i)^T S_i / phi(q_i)^T z_i
 
 
 def source_state(fk, v, key_mask=None):
@@ -214,258 +232,225 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
     return numerator.view(B, H, n * C, d)[:, :, :T], denominator.view(B, H, n * C)[:, :, :T]
 
 
-def linear_attention_step(fq, fk, v1, Sz):
-    """One recurrent step, Eqs. 6-7, each one product: fq (B, H, G, k), the G queries of each (key/value) head; fk
-    (B, H, 1, k); v1 = [v | 1] (B, H, 1, d + 1); Sz = [S | z] (B, H, k, d + 1), updated in place. -> (B, H, G, d)"""
-    add_to_state(fk, v1, Sz)
-    return read_state(fq, Sz)
+# The step as generation runs it: the same Eqs. 6-7 on S and z side by side, Sz = [S | z] (B, H, k, d + 1) with
+# v1 = [v | 1], because at batch 1 each operation costs more than its arithmetic: one multiply-add and one product.
 
-
-def add_to_state(fk, v1, Sz):
+def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
     B, H, k, d1 = Sz.shape
-    # Eq. 6: S_i = S_{i-1} + phi(k_i) (x) v_i and z_i = z_{i-1} + phi(k_i), as one: [S | z] += phi(k_i) (x) [v_i | 1]
-    Sz.addcmul_(fk.view(B, H, k, 1), v1.view(B, H, 1, d1))
+    Sz.addcmul_(fk.view(B, H, k, 1), v1.view(B, H, 1, d1))  # Eq. 6, as one: [S | z] += phi(k_i) (x) [v_i | 1]
 
 
-def read_state(fq, Sz):
+def read_state(fq, Sz):  # fq (B, H, G, k): G queries read each head's state -> (B, H, G, d)
     B, H, k, d1 = Sz.shape
-    # Eq. 7: out_i = phi(q_i)^T S_i / phi(q_i)^T z_i, as one: phi(q_i)^T [S | z] = [numerator | denominator]
-    both = torch.bmm(fq.reshape(B * H, -1, k), Sz.view(B * H, k, d1)).view(B, H, -1, d1)
-    return normalize(both[..., :-1], both[..., -1])
+    both = torch.bmm(fq.reshape(B * H, -1, k), Sz.view(B * H, k, d1)).view(B, H, -1, d1)  # phi(q)^T [S | z]
+    return normalize(both[..., :-1], both[..., -1])  # Eq. 7
 
 
 # -----------------------------------------------------------------------------
-# Multi-head attention modules
+# Multi-head attention modules. Precision, stated once, here at their boundary: the linear forms sum thousands of
+# positions into S and z, so they run in float32 (float64 for a float64 model) even under autocast, whose bf16
+# keeps 8 significant bits; the projections and feature maps run in the model's precision.
+
+def widened(*tensors):
+    return tuple(t.to(state_dtype(t.dtype)) for t in tensors)
+
 
 class Attention(nn.Module):
-    """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind. n_kv_head < n_head:
-    grouped-query attention (Ainslie et al., 2023; Llama's), each key/value head shared by a group of query heads."""
+    """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind."""
 
-    def __init__(self, d_model: int, n_head: int, causal: bool, bias: str = "all", n_kv_head: int = 0):
+    def __init__(self, config: Config, causal: bool):
         super().__init__()
-        self.n_head, self.d_head, self.causal = n_head, d_model // n_head, causal
-        self.n_kv_head = n_kv_head or n_head
-        self.group = n_head // self.n_kv_head  # G query heads per key/value head
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias != "none")  # Eq. 1a
-        self.k_proj, self.v_proj = (nn.Linear(d_model, self.n_kv_head * self.d_head, bias=bias != "none")  # Eq. 1b
-                                    for _ in range(2))
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias == "all")
+        self.n_head, self.d_head, self.causal = config.n_head, config.d_model // config.n_head, causal
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = self.projections(config)
 
-    def heads(self, x, n: int):  # (B, T, n w) -> (B, n, T, w): w is d, or k once `fold` merged W_phi into W_q, W_k
-        return x.view(*x.shape[:2], n, -1).transpose(1, 2)
+    def projections(self, config) -> list:  # Eq. 1a-1b: W_q, W_k, W_v, then the output's W_o, each h x h + bias
+        return [nn.Linear(config.d_model, config.d_model) for _ in range(4)]
 
-    def source_heads(self, source):  # (B, S, h) -> k, v (B, n, S, d): n key/value heads
-        return self.heads(self.k_proj(source), self.n_kv_head), self.heads(self.v_proj(source), self.n_kv_head)
+    def heads(self, x):  # (B, T, H w) -> (B, H, T, w): w is d, or k once `fold` merged W_phi into W_q, W_k
+        return x.view(*x.shape[:2], self.n_head, -1).transpose(1, 2)
 
-    def project(self, x, source, rotation=None):
-        q, (k, v) = self.heads(self.q_proj(x), self.n_head), self.source_heads(source)
-        if rotation is not None:  # rotary positions (a Llama's): q and k turned by their position's angles
-            q, k = rotate(q, *rotation), rotate(k, *rotation)
-        return q, k, v
+    def project(self, x, source):  # -> q (B, H, T, w), k (B, H, S, w), v (B, H, S, d)
+        return self.heads(self.q_proj(x)), self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
 
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    # The recurrent form projects a position with W_q, W_k, W_v stacked by key/value head, one product for
-    # [q of its G query heads | k | v (| 1: a zero row, bias 1, for Eq. 6)]; restacked at init_state and after fold.
+    # The recurrent form projects a position with W_q, W_k, W_v stacked by head, one product for
+    # [q | k | v (| 1: a zero row, bias 1, for Eq. 6)]; restacked at init_state and after fold.
     def stack_projections(self, append_one: bool):
-        n, h, parts = self.n_kv_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
-        weights = [p.weight.detach().view(n, -1, h) for p in parts]  # (n, G w, h), (n, w, h), (n, d, h)
-        biases = [bias_of(p).view(n, -1) for p in parts]
+        H, h, parts = self.n_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
+        weights, biases = [p.weight.detach().view(H, -1, h) for p in parts], [p.bias.detach().view(H, -1) for p in parts]
         if append_one:
-            weights, biases = weights + [weights[0].new_zeros(n, 1, h)], biases + [biases[0].new_ones(n, 1)]
-        self.stacked = torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
-        self.stacked_from = parts
+            weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
+        self.stacked, self.stacked_from = (torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)), parts
 
-    def project_step(self, x, append_one: bool, rotation=None, dtype=None):
-        """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1)), in dtype (x's if None)."""
+    def project_step(self, x, append_one: bool):  # (B, h) -> q, k (B, H, 1, w), v (B, H, 1, d (+ 1))
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
             self.stack_projections(append_one)
-        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1).to(dtype or x.dtype)  # one cast
-        w = self.k_proj.out_features // self.n_kv_head
-        q, k, v = qkv.split([self.group * w, w, qkv.shape[-1] - (self.group + 1) * w], -1)
-        q = q.view(x.shape[0], self.n_kv_head, self.group, w)
-        if rotation is not None:
-            q, k = rotate(q, *rotation), rotate(k, *rotation)
-        return q, k, v
+        qkv, w = F.linear(x, *self.stacked).view(x.shape[0], self.n_head, 1, -1), self.q_proj.out_features // self.n_head
+        return qkv.split([w, w, qkv.shape[-1] - 2 * w], -1)
 
-    def query_step(self, x):  # (B, h) -> (B, n, G, w): each key/value head's G queries (cross attention's step)
-        return self.q_proj(x).view(x.shape[0], self.n_kv_head, self.group, -1)
-
-    def merge_step(self, out):  # (B, n, G, d) -> (B, h): head g G + i is query i of key/value head g
+    def merge_step(self, out):  # (B, H, 1, d) -> (B, h)
         return self.out_proj(out.flatten(1))
-
-
-def bias_of(linear: nn.Linear):  # its bias, or zeros where it has none (a Llama's)
-    return linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-
-
-def shared(kv, group: int):  # (B, n, S, .) -> (B, n G, S, .): each key/value head repeated for its G query heads
-    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
-
-
-def softmax_attention(q, k, v, causal: bool, key_mask=None):
-    """q (B, H, T, d), k and v (B, n, S, d), n dividing H; key_mask (B, S), True at real (not padded) source
-    positions."""
-    mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
-    k, v = shared(k, q.shape[1] // k.shape[1]), shared(v, q.shape[1] // v.shape[1])
-    # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
 
 
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
 
-    def forward(self, x, source=None, key_mask=None, rotation=None):
-        q, k, v = self.project(x, x if source is None else source, rotation)
+    def forward(self, x, source=None, key_mask=None):
+        q, k, v = self.project(x, x if source is None else source)
         return self.merge(softmax_attention(q, k, v, self.causal and source is None, key_mask))
 
-    # Recurrent form: a key/value cache that grows with t (append_to_cache), n_kv_head heads.
+    # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=False)
-        empty = torch.zeros(batch_size, self.n_kv_head, 0, self.d_head, device=device, dtype=dtype)
+        empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
-    def step(self, x, state, rotation=None):  # x (B, h) -> (B, h)
-        q, k, v = self.project_step(x, False, rotation)  # q (B, n, G, d): a group's G queries read one cache
-        keys, values = append_to_cache(state, k, v)
-        return self.merge_step(F.scaled_dot_product_attention(q, keys, values))
+    def step(self, x, state):  # x (B, h) -> (B, h)
+        q, k, v = self.project_step(x, False)
+        return self.merge_step(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))
 
     def init_cross_state(self, source, key_mask):
-        k, v = self.source_heads(source)
+        k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
     def step_cross(self, x, state):
-        q = self.query_step(x)
+        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)
         return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
 
 
+def softmax_attention(q, k, v, causal: bool, key_mask=None):
+    """q (B, H, T, d), k and v (B, H, S, d); key_mask (B, S), True at real (not padded) source positions."""
+    mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, S)
+    # Eq. 2: out_i = sum_j exp(q_i.k_j / sqrt(d)) v_j / sum_l exp(q_i.k_l / sqrt(d)), one fused kernel
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
 class LinearAttention(Attention):
-    """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps. Grouped-query: one feature map per
-    key/value head, which its query heads share, so the state holds n_kv_head heads, not n_head. Rotary positions:
-    phi reads q and k after their rotation (as LoLCATs does); rotating phi's features instead would make them signed,
-    and the normaliser phi(q).z of Eq. 7 could reach zero from below as well as above."""
-    foldable = True  # Eq. 8 applies to a t2r layer (after_t2r.py's window layers keep q and k for their softmax)
+    """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
+    foldable = True  # Eq. 8 applies to a t2r layer
 
-    def __init__(self, d_model, n_head, causal, kind, feature_size, chunk_size=0, bias="all", n_kv_head=0):
-        super().__init__(d_model, n_head, causal, bias, n_kv_head)
-        self.kind, self.chunk_size = kind, chunk_size
+    def __init__(self, config: Config, causal: bool, kind: str, feature_size: int):
+        super().__init__(config, causal)
+        self.kind, self.chunk_size = kind, config.chunk_size if causal else 0
         self.feature_size = self.d_head if kind == "elu" else feature_size
-        self.feature_map = FEATURE_MAPS[kind](self.n_kv_head, self.d_head, feature_size)
+        self.feature_map = FEATURE_MAPS[kind](self.n_head, self.d_head, feature_size)
 
-    def forward(self, x, source=None, key_mask=None, rotation=None):
-        q, k, v = self.project(x, x if source is None else source, rotation)
+    def forward(self, x, source=None, key_mask=None):
+        q, k, v = self.project(x, x if source is None else source)
         return self.merge(self.attend(q, k, v, source is not None, key_mask).to(x.dtype))
 
     def attend(self, q, k, v, cross: bool, key_mask=None):
-        """The parallel forms: q (B, H, T, w), k (B, n, S, w), v (B, n, S, d) -> (B, H, T, d), in float32 at least."""
-        q, k, v = (t.to(state_dtype(v.dtype)) for t in (q, k, v))
+        """The parallel forms: q, k (B, H, T, w), v (B, H, S, d) -> (B, H, T, d), in float32 at least."""
+        fq, fk = self.feature_map(q, k)
         with full_precision(q.device):
-            fq, fk = self.features(q, k)
-            fk, v = shared(fk, self.group), shared(v, self.group)
             if cross or not self.causal:
-                return linear_attention_noncausal(fq, fk, v, key_mask)
-            return self.causal_form(q, k, fq, fk, v)
-
-    def features(self, q, k):  # phi(q) (B, H, T, k), each query head by its key/value head's map; phi(k) (B, n, S, k)
-        B, H, T, w = q.shape
-        fq, fk = self.feature_map(q.reshape(B, self.n_kv_head, self.group * T, w), k)
-        return fq.reshape(B, H, T, -1), fk
+                return linear_attention_noncausal(*widened(fq, fk, v), key_mask)
+            return self.causal_form(q, k, *widened(fq, fk, v))
 
     def causal_form(self, q, k, fq, fk, v):
         if self.chunk_size:
             return linear_attention_chunked(fq, fk, v, self.chunk_size)
         return linear_attention_quadratic(fq, fk, v, causal=True)
 
-    # Recurrent form: S (k x d) and z (k) per key/value head side by side, [S | z], the same size at every position.
+    # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
     def init_state(self, batch_size: int, device, dtype):
         self.stack_projections(append_one=True)
-        return {"Sz": torch.zeros(batch_size, self.n_kv_head, self.feature_size, self.d_head + 1, device=device,
-                                  dtype=state_dtype(dtype))}  # (B, n, k, d + 1)
+        return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
+                                  dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
 
-    def step(self, x, state, rotation=None):  # x (B, h) -> (B, h)
-        q, k, v1 = self.project_step(x, True, rotation, state["Sz"].dtype)  # v1 = [v | 1], in the state's precision
-        with full_precision(x.device):
-            out = self.recur(q, k, v1, state)
-        return self.merge_step(out.to(x.dtype))
-
-    def recur(self, q, k, v1, state):  # q (B, n, G, w), k (B, n, 1, w), v1 (B, n, 1, d + 1) -> (B, n, G, d)
+    def step(self, x, state):  # x (B, h) -> (B, h)
+        q, k, v1 = self.project_step(x, True)  # v1 = [v | 1]
         fq, fk = self.feature_map(q, k)
-        return linear_attention_step(fq, fk, v1, state["Sz"])  # Eqs. 6-7
-
-    def init_cross_state(self, source, key_mask):
-        """[S | z] of the whole (masked) source, computed once per sentence."""
-        (k, v), dtype = self.source_heads(source), state_dtype(source.dtype)
-        with full_precision(source.device):
-            (fk,) = self.feature_map(k.to(dtype))
-            S, z = source_state(fk, v.to(dtype), key_mask)
-        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, n, k, d + 1)
-
-    def step_cross(self, x, state):
-        q = self.query_step(x)
         with full_precision(x.device):
-            (fq,) = self.feature_map(q.to(state["Sz"].dtype))
+            fq, fk, v1 = widened(fq, fk, v1)
+            add_to_state(fk, v1, state["Sz"])  # Eq. 6
             out = read_state(fq, state["Sz"])  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
+    def init_cross_state(self, source, key_mask):
+        """[S | z] of the whole (masked) source, computed once per sentence."""
+        (fk,) = self.feature_map(self.heads(self.k_proj(source)))
+        with full_precision(source.device):
+            S, z = source_state(*widened(fk, self.heads(self.v_proj(source))), key_mask)
+        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, H, k, d + 1)
 
-def make_attention(kind: str, config: Config, causal: bool, feature_size: int) -> Attention:
-    if kind == "softmax":
-        return SoftmaxAttention(config.d_model, config.n_head, causal, config.bias, config.n_kv_head)
-    if causal and config.window:  # the sliding-window hybrid, which came after T2R
-        from after_t2r import WindowAttention
-        return WindowAttention(config.d_model, config.n_head, kind, feature_size, config.chunk_size, config.window,
-                               config.bias)
-    return LinearAttention(config.d_model, config.n_head, causal, kind, feature_size,
-                           config.chunk_size if causal else 0, config.bias, config.n_kv_head)
+    def step_cross(self, x, state):
+        (fq,) = self.feature_map(self.q_proj(x).view(x.shape[0], self.n_head, 1, -1))
+        with full_precision(x.device):
+            out = read_state(*widened(fq), state["Sz"])  # Eq. 7
+        return self.merge_step(out.to(x.dtype))
+
+    def fold(self):  # Eq. 8 (fold_feature_map, below)
+        fold_feature_map(self)
+
+    def new_tensors(self) -> list:  # what a conversion adds to the teacher's weights: the feature map's
+        return [f"feature_map.{name}" for name in self.feature_map.state_dict()]
 
 
 # -----------------------------------------------------------------------------
-# The transformer: layers, embeddings, the language model and the translator
+# The transformer: layers, the language model and the translator
 
 class Block(nn.Module):
-    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm (or RMSNorm)."""
+    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm. `parts` is the
+    model, whose make_* methods build them."""
 
-    def __init__(self, config: Config, self_kind: str, causal: bool, cross_kind: str | None = None):
+    def __init__(self, config: Config, parts, self_kind: str, causal: bool, cross_kind: str | None = None):
         super().__init__()
         self.pre_norm = config.pre_norm
-        self.self_attn = make_attention(self_kind, config, causal, config.feature_size)
-        self.norm1 = make_norm(config)
-        self.cross_attn = cross_kind and make_attention(cross_kind, config, False, config.cross_feature_size)
-        self.norm_cross = make_norm(config) if cross_kind else None
-        self.ffn = make_ffn(config)
-        self.norm2 = make_norm(config)
+        self.self_attn = parts.make_attention(self_kind, causal, config.feature_size)
+        self.norm1 = parts.make_norm()
+        self.cross_attn = cross_kind and parts.make_attention(cross_kind, False, config.cross_feature_size)
+        self.norm_cross = parts.make_norm() if cross_kind else None
+        self.ffn = parts.make_ffn()
+        self.norm2 = parts.make_norm()
         self.drop = nn.Dropout(config.dropout)
 
     def residual(self, x, norm, sublayer):
         return x + self.drop(sublayer(norm(x))) if self.pre_norm else norm(x + self.drop(sublayer(x)))
 
-    def forward(self, x, self_mask=None, source=None, source_mask=None, rotation=None):
-        """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source;
-        rotation: the rotary angles of x's positions (Embedding.rotation), None without rotary positions."""
-        x = self.residual(x, self.norm1, lambda y: self.self_attn(y, key_mask=self_mask, rotation=rotation))
+    def forward(self, x, self_mask=None, source=None, source_mask=None):
+        """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source."""
+        x = self.residual(x, self.norm1, lambda y: self.self_attn(y, key_mask=self_mask))
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda y: self.cross_attn(y, source, source_mask))
         return self.residual(x, self.norm2, self.ffn)
 
-    def step(self, x, state, rotation=None):
+    def step(self, x, state):
         """x: (B, h), one position. The same computation as forward, with the recurrent attention."""
-        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"], rotation))
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
         return self.residual(x, self.norm2, self.ffn)
 
 
 class TransformerBase(nn.Module):
-    """Weight init, the output head and the recurrent state shared by both models."""
+    """The parts every layer is made of, weight init, the output head and the recurrent state of both models."""
 
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
-        self.embed = Embedding(config)
-        self.final_norm = make_norm(config) if config.pre_norm else nn.Identity()
+        self.embed = self.make_embedding()
+        self.final_norm = self.make_norm() if config.pre_norm else nn.Identity()
         self.lm_head = (AdaptiveSoftmax(config, self.embed.tok) if config.adaptive_cutoffs else
                         nn.Linear(config.d_model, config.vocab_size, bias=False))
+
+    # The parts, one method each: the seam where the models beside the paper's (families.py, after_t2r.py) differ
+    def make_embedding(self) -> nn.Module:
+        return Embedding(self.config)
+
+    def make_attention(self, kind: str, causal: bool, feature_size: int) -> Attention:
+        if kind == "softmax":
+            return SoftmaxAttention(self.config, causal)
+        return LinearAttention(self.config, causal, kind, feature_size)
+
+    def make_norm(self) -> nn.Module:
+        return nn.LayerNorm(self.config.d_model)
+
+    def make_ffn(self) -> nn.Module:  # the ReLU MLP
+        c = self.config
+        return nn.Sequential(nn.Linear(c.d_model, c.d_ff), nn.ReLU(), nn.Dropout(c.dropout), nn.Linear(c.d_ff, c.d_model))
 
     def init_weights(self):
         for module in self.modules():
@@ -496,14 +481,14 @@ class TransformerBase(nn.Module):
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
         x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
-        logits = self.step_layers(x, state["layers"], self.embed.rotation(1, state["pos"], x.dtype))
+        logits = self.step_layers(x, state["layers"])
         state["pos"] += 1
         return logits, state
 
-    def step_layers(self, x, layer_states, rotation=None):
+    def step_layers(self, x, layer_states):
         """x (B, h) of one position through every layer's recurrent form and the head (what --compile compiles)."""
         for layer, layer_state in zip(self.layers, layer_states):
-            x = layer.step(x, layer_state, rotation)
+            x = layer.step(x, layer_state)
         return self.output(x)
 
     def num_params(self) -> int:
@@ -515,13 +500,14 @@ class TransformerLM(TransformerBase):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.layers = nn.ModuleList(Block(config, kind, causal=True) for kind in config.layer_kinds())
+        self.layers = nn.ModuleList(self.make_block(kind) for kind in config.layer_kinds())
         self.init_weights()
 
+    def make_block(self, kind: str) -> Block:
+        return Block(self.config, self, kind, causal=True)
+
     def forward(self, tokens):  # (B, T) -> (B, T, V)
-        x = self.embed(tokens)
-        rotation = self.embed.rotation(tokens.shape[1], 0, x.dtype)  # None without rotary positions
-        return self.output(self.run_layers(self.layers, x, rotation=rotation))
+        return self.output(self.run_layers(self.layers, self.embed(tokens)))
 
     @torch.no_grad()
     def init_state(self, batch_size: int):
@@ -538,9 +524,10 @@ class Seq2SeqTransformer(TransformerBase):
         super().__init__(config)
         if config.n_encoder_layer < 1:
             raise ValueError("Seq2SeqTransformer needs n_encoder_layer >= 1")
-        self.encoder = nn.ModuleList(Block(config, "softmax", causal=False) for _ in range(config.n_encoder_layer))
-        self.encoder_norm = make_norm(config) if config.pre_norm else nn.Identity()
-        self.layers = nn.ModuleList(Block(config, kind, causal=True, cross_kind=config.cross_attn)
+        self.encoder = nn.ModuleList(Block(config, self, "softmax", causal=False)
+                                     for _ in range(config.n_encoder_layer))
+        self.encoder_norm = self.make_norm() if config.pre_norm else nn.Identity()
+        self.layers = nn.ModuleList(Block(config, self, kind, causal=True, cross_kind=config.cross_attn)
                                     for kind in config.layer_kinds())
         self.init_weights()
 
@@ -564,34 +551,60 @@ class Seq2SeqTransformer(TransformerBase):
 # -----------------------------------------------------------------------------
 # Swap then finetune (section 2.2)
 
-def is_feature_map_parameter(name: str) -> bool:  # the parameters a conversion adds (and the window layers' gates)
-    return ".feature_map." in name or name.endswith(".window_gate")
-
-
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
-            cross_feature_size: int = 32, window: int = 0, keep_softmax_from: str = "nth") -> TransformerBase:
+            cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None) -> TransformerBase:
     """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
     feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
-    (section 3.2). Finetune the result. window=W: the sliding-window hybrid (after_t2r.py)."""
-    config = model.config
-    is_seq2seq = isinstance(model, Seq2SeqTransformer)
-    check_convertible(config, attn, ATTENTION_KINDS, is_seq2seq, is_folded(model))  # one-line errors
-    feature_size = feature_size or (4 if is_seq2seq else 32)
+    (section 3.2). Finetune the result. build(config) makes the student (a model of the teacher's class if None):
+    where what came after T2R brings its own layers (after_t2r.convert_to_window)."""
+    config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
+    if attn not in ATTENTION_KINDS or attn == "softmax":
+        raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
+    if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
+        raise ValueError("this model is already converted: convert starts from a softmax transformer")
+    if is_folded(model):
+        raise ValueError("this model is folded for inference: convert the unfolded model")
     new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
-                         feature_size=feature_size, cross_attn=attn if is_seq2seq else config.cross_attn,
-                         cross_feature_size=cross_feature_size, window=window)
-    student = type(model)(new_config)
+                         feature_size=feature_size or (4 if is_seq2seq else 32),
+                         cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size)
+    student = (build or type(model))(new_config)
     copy_pretrained(model, student)
     p = next(model.parameters())
     return student.to(device=p.device, dtype=p.dtype).train(model.training)
 
 
+def new_tensors(model: nn.Module) -> set:
+    """The names of the tensors a conversion added: the feature maps', and what else its layers say they add."""
+    return {f"{name}.{new}" for name, m in model.named_modules() if isinstance(m, LinearAttention)
+            for new in m.new_tensors()}
+
+
+KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
+
+
+def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
+    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
+    (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...
+    0 converts every layer."""
+    if keep_softmax_from not in KEEP_SOFTMAX_FROM:
+        raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
+    kinds = [attn] * n_layer
+    if keep_softmax_every:
+        first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, counted from the top
+        for from_top in range(first, n_layer + 1, keep_softmax_every):  # from_top 1 is the top layer
+            kinds[n_layer - from_top] = "softmax"
+        if "softmax" not in kinds:
+            raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
+                             f"softmax (use at most {n_layer}, or keep_softmax_from top)")
+    return kinds
+
+
 @torch.no_grad()
 def copy_pretrained(teacher: nn.Module, student: nn.Module):
-    """Copy every teacher tensor into the student, whose only other tensors may be feature maps (else ValueError)."""
+    """Copy every teacher tensor into the student, whose only other tensors may be the new layers' own (else
+    ValueError): the feature maps, and whatever else a linear attention layer says it adds (new_tensors)."""
     source, target = teacher.state_dict(), student.state_dict()
-    unused = sorted(set(source) - set(target))
-    uncovered = sorted(k for k in set(target) - set(source) if not is_feature_map_parameter(k))
+    unused, uncovered = sorted(set(source) - set(target)), sorted(set(target) - set(source) - new_tensors(student))
     if unused or uncovered:
         raise ValueError(f"teacher and student do not match: unused {unused[:3]}, not pretrained {uncovered[:3]}")
     for name, tensor in source.items():
@@ -606,12 +619,10 @@ def copy_pretrained(teacher: nn.Module, student: nn.Module):
 @torch.no_grad()
 def fold_feature_map(attn: LinearAttention):
     """Eq. 8: W~ = W_phi W and b~ = b_phi + W_phi b for queries and keys; phi becomes a plain relu."""
-    phi = attn.feature_map
-    for name, H in (("q_proj", attn.n_head), ("k_proj", attn.n_kv_head)):  # a query head takes its group's W_phi
-        W_phi, b_phi = (p.repeat_interleave(H // attn.n_kv_head, 0) for p in (phi.weight, phi.bias))
-        _, k, d = W_phi.shape  # W_phi (H, k, d), b_phi (H, k)
-        proj = getattr(attn, name)
-        W, b = proj.weight.view(H, d, -1), bias_of(proj).view(H, d, 1)  # (H, d, h), (H, d, 1)
+    W_phi, b_phi = attn.feature_map.weight, attn.feature_map.bias  # (H, k, d), (H, k)
+    for name in ("q_proj", "k_proj"):
+        proj, (H, k, d) = getattr(attn, name), W_phi.shape
+        W, b = proj.weight.view(H, d, -1), proj.bias.view(H, d, 1)  # (H, d, h), (H, d, 1)
         folded = nn.Linear(W.shape[-1], H * k, device=W.device, dtype=W.dtype)
         folded.weight.copy_((W_phi @ W).reshape(H * k, -1))  # Eq. 8c
         folded.bias.copy_((b_phi + (W_phi @ b).squeeze(-1)).reshape(H * k))  # Eq. 8d
@@ -620,31 +631,13 @@ def fold_feature_map(attn: LinearAttention):
 
 
 def fold(model: TransformerBase) -> TransformerBase:
-    """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged. With
-    rotary positions the rotation sits between W_q and W_phi (phi reads the rotated q): nothing folds."""
+    """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged."""
     folded = copy.deepcopy(model).eval()
-    for module in folded.modules() if not model.config.rope_theta else []:
+    for module in folded.modules():
         if isinstance(module, LinearAttention) and module.kind == "t2r" and module.foldable:
-            fold_feature_map(module)
+            module.fold()  # fold_feature_map, or a subclass's own
     return folded
 
 
 def is_folded(model: nn.Module) -> bool:
     return any(isinstance(m, FoldedT2RFeatureMap) for m in model.modules())
-
-
-# -----------------------------------------------------------------------------
-# The models people bring: Config's last fields switch on a Llama's RMSNorm, SwiGLU (support/llama_layers.py)
-
-def make_norm(config: Config) -> nn.Module:
-    if config.norm == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps)
-
-
-def make_ffn(config: Config) -> nn.Module:
-    if config.ffn == "swiglu":
-        return SwiGLU(config)
-    bias = config.bias == "all"
-    return nn.Sequential(nn.Linear(config.d_model, config.d_ff, bias=bias), ACTIVATIONS[config.activation](),
-                         nn.Dropout(config.dropout), nn.Linear(config.d_ff, config.d_model, bias=bias))

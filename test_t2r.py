@@ -13,12 +13,16 @@ import t2r
 from conftest import lm_config, make, mt_config, padded_sources, report, step_all, translator_batch
 from experiments import analyze_attention
 from support import runtime
-from support.configs import converted_kinds
-from support.states import state_bytes
+
+from layers.states import state_bytes
 from t2r import Seq2SeqTransformer, TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
+
+
+def is_new(name: str) -> bool:  # what a conversion adds: feature maps, window gates
+    return ".feature_map." in name or name.endswith(".window_gate")
 
 
 # -----------------------------------------------------------------------------
@@ -85,6 +89,35 @@ def test_chunked_equals_quadratic(T):
     assert report(f"chunked vs quadratic T={T} (outputs and grads)", diff) < 1e-9
 
 
+def run_reference_step(fq, fk, v):
+    """Eqs. 6-7 as the paper writes them, S and z apart, one position at a time -> (B, H, T, d)."""
+    (B, H, T, k), d = fq.shape, v.shape[-1]
+    S, z = fq.new_zeros(B, H, k, d), fq.new_zeros(B, H, k)
+    return torch.stack([t2r.linear_attention_step(fq[:, :, i], fk[:, :, i], v[:, :, i], S, z) for i in range(T)], 2)
+
+
+@pytest.mark.parametrize("T", [1, 6, 23])
+def test_the_reference_step_equals_the_chunked_and_quadratic_forms(T):
+    with torch.no_grad():
+        inputs = random_features(2, 3, T, 5, 7, torch.Generator().manual_seed(T))
+        step = run_reference_step(*inputs)
+        quadratic = t2r.linear_attention_quadratic(*inputs, causal=True)
+        chunked = t2r.linear_attention_chunked(*inputs, chunk_size=4)
+    diff = max((step - quadratic).abs().max(), (step - chunked).abs().max())
+    assert report(f"reference step (S, z apart) vs quadratic and chunked, T={T}", diff) < 1e-12
+
+
+def test_the_fused_step_equals_the_reference_step():
+    """[S | z] with v1 = [v | 1], the step generation runs, is Eqs. 6-7 computed at once."""
+    fq, fk, v = (t.detach() for t in random_features(2, 3, 9, 5, 7, torch.Generator().manual_seed(0)))
+    Sz, fused = torch.zeros(2, 3, 5, 8, dtype=torch.float64), []
+    for i in range(9):
+        t2r.add_to_state(fk[:, :, i : i + 1], F.pad(v[:, :, i : i + 1], (0, 1), value=1.0), Sz)
+        fused.append(t2r.read_state(fq[:, :, i : i + 1], Sz)[:, :, 0])
+    assert report("fused [S | z] step vs reference", (torch.stack(fused, 2) - run_reference_step(fq, fk, v)).abs()
+                  .max()) < 1e-13
+
+
 def test_chunked_model_equals_quadratic_model_with_gradients():
     torch.manual_seed(0)
     chunked = TransformerLM(lm_config("t2r", chunk_size=4)).double()
@@ -129,7 +162,7 @@ def test_quadratic_equals_eq2_with_features():
 
 def test_softmax_attention_equals_explicit_formula():
     torch.manual_seed(0)
-    attn = t2r.SoftmaxAttention(d_model=16, n_head=2, causal=True).double()
+    attn = t2r.SoftmaxAttention(t2r.Config(d_model=16, n_head=2), causal=True).double()
     x = torch.randn(2, 7, 16, dtype=torch.float64)
     source = torch.randn(2, 5, 16, dtype=torch.float64)
     mask = torch.tensor([[True] * 5, [True, True, False, False, False]])
@@ -203,7 +236,7 @@ def test_convert_copies_every_pretrained_weight(kind):
     teacher_params = dict(teacher.named_parameters())
     worst = 0.0
     for name, p in student.named_parameters():
-        if t2r.is_feature_map_parameter(name):
+        if is_new(name):
             continue
         worst = max(worst, (p - teacher_params[name]).abs().max().item())
     assert report(f"convert to {kind}: student vs teacher weights", worst) == 0
@@ -230,8 +263,8 @@ def test_convert_keep_softmax_every(start, kept):
 
 def test_keeping_every_nth_layer_past_the_top_is_refused():
     with pytest.raises(ValueError, match="counts past the 2 layers: none stays softmax"):
-        converted_kinds(2, "t2r", keep_softmax_every=5)
-    assert converted_kinds(2, "t2r", keep_softmax_every=5, keep_softmax_from="top") == ["t2r", "softmax"]
+        t2r.converted_kinds(2, "t2r", keep_softmax_every=5)
+    assert t2r.converted_kinds(2, "t2r", keep_softmax_every=5, keep_softmax_from="top") == ["t2r", "softmax"]
 
 
 def test_convert_seq2seq_defaults_and_encoder_untouched():
@@ -313,8 +346,8 @@ def test_all_zero_features_give_zero_not_nan(form):
         "quadratic": lambda: t2r.linear_attention_quadratic(fq, fk, v, causal=True),
         "chunked": lambda: t2r.linear_attention_chunked(fq, fk, v, chunk_size=2),
         "noncausal": lambda: t2r.linear_attention_noncausal(fq, fk, v),
-        "step": lambda: t2r.linear_attention_step(fq[:, :, :1], fk[:, :, :1], F.pad(v[:, :, :1], (0, 1), value=1.0),
-                                                  torch.zeros(1, 1, 3, 3)),
+        "step": lambda: t2r.linear_attention_step(fq[:, :, 0], fk[:, :, 0], v[:, :, 0], torch.zeros(1, 1, 3, 2),
+                                                  torch.zeros(1, 1, 3)),
     }[form]()
     assert torch.equal(out, torch.zeros_like(out))
 

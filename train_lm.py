@@ -24,9 +24,10 @@ import os
 import torch
 import torch.nn.functional as F
 
+from after_t2r import convert_to_window
 from sru import SRUConfig, SRUppLM
 from support import data, hf
-from support.configs import KEEP_SOFTMAX_FROM, feature_sizes
+from support.configs import build_model, config_of, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
                          check_training_fits,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
@@ -35,7 +36,7 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
 from support.training import Task, get_lr
-from t2r import Config, TransformerLM, convert, is_feature_map_parameter
+from t2r import KEEP_SOFTMAX_FROM, Config, new_tensors
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -160,10 +161,11 @@ def sru_config(args, vocab_size: int) -> SRUConfig:
 
 def model_config(args, vocab_size: int) -> Config:
     d_model = args.d_model or 256
-    return Config(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
-                  d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
-                  attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size, window=args.window,
-                  adaptive_cutoffs=args.adaptive_cutoffs, adaptive_factor=args.adaptive_factor)
+    return config_of(dict(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
+                          d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
+                          attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size,
+                          window=args.window, adaptive_cutoffs=args.adaptive_cutoffs,
+                          adaptive_factor=args.adaptive_factor))  # with --window: the hybrid's (after_t2r.py)
 
 
 # -----------------------------------------------------------------------------
@@ -185,9 +187,9 @@ def make_model(task, checkpoint: dict | None):
         teacher = for_finetuning(load_lm_teacher(args, task), args)
 
         def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
-            return t if args.attn == "softmax" else convert(t, args.attn, args.feature_size, window=args.window,
-                                                             keep_softmax_every=args.keep_softmax_every,
-                                                             keep_softmax_from=args.keep_softmax_from)
+            return t if args.attn == "softmax" else convert_to_window(
+                t, args.window, args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
+                keep_softmax_from=args.keep_softmax_from)  # window 0: t2r.convert
         try:
             check_training_fits(task, lambda: student(meta_twin(teacher)))
             model = student(teacher)
@@ -197,9 +199,10 @@ def make_model(task, checkpoint: dict | None):
     elif args.arch == "sru++":  # SRU++ (sru.py), from random initialisation
         model = new_model(task, SRUppLM, sru_config, task.data.vocab_size)
     else:  # a transformer from random initialisation: softmax, or T2R from scratch
-        model = new_model(task, TransformerLM, model_config, task.data.vocab_size)
+        model = new_model(task, build_model, model_config, task.data.vocab_size)
+    frozen = new_tensors(model) if args.freeze_feature_map else set()
     for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
-        p.requires_grad_(not (args.freeze_feature_map and is_feature_map_parameter(name)))
+        p.requires_grad_(name not in frozen)
     return model
 
 

@@ -20,9 +20,10 @@ import os
 import torch
 import torch.nn.functional as F
 
+from after_t2r import convert_to_window
 from generate import inference_model
 from support import mt_data
-from support.configs import feature_sizes
+from support.configs import build_model, config_of, feature_sizes
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, for_finetuning, load_teacher,
                          meta_twin, model_name, new_model, processes, resolve_run_flags, run)
@@ -31,7 +32,7 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              model_from_checkpoint, non_negative_int, positive_int, read_checked, run_main,
                              save_checkpoint)
 from support.training import Task, get_lr_inverse_sqrt
-from t2r import Config, Seq2SeqTransformer, convert
+from t2r import Config
 from translate import add_decoding_flags, check_decoding_fits, evaluate_bleu
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
@@ -92,9 +93,10 @@ def default_out_dir(args, attn: str, init: str) -> str:
 
 def model_config(args, vocab_size: int) -> Config:
     sizes = {name: getattr(args, name) or MODEL_DEFAULTS[name] for name in MODEL_FLAGS}
-    return Config(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn, feature_size=args.feature_size,
-                  cross_attn=args.attn, cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size,
-                  window=args.window, pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True)
+    return config_of(dict(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn,
+                          feature_size=args.feature_size, cross_attn=args.attn,
+                          cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size, window=args.window,
+                          pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True))
 
 
 # -----------------------------------------------------------------------------
@@ -165,7 +167,7 @@ class MTTask(Task):
         if not paths:
             raise UserError(f"{self.args.out_dir} has no snapshot_*.pt left to average into model.pt: restore them, "
                             f"or train a new run in another --out_dir")
-        final = Seq2SeqTransformer(model.config)
+        final = build_model(model.config)
         final.load_state_dict(average_snapshots(paths))
         steps = [int(os.path.basename(p)[9:16]) for p in paths]
         print(f"model.pt: the average of the snapshots at steps {steps}")
@@ -221,13 +223,13 @@ def make_model(task, checkpoint: dict | None):
         del task.teacher  # the checkpoint's tensors: not kept through the training
 
         def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
-            return t if args.attn == "softmax" else convert(t, args.attn, args.feature_size, window=args.window,
-                                                             cross_feature_size=args.cross_feature_size)
+            return t if args.attn == "softmax" else convert_to_window(
+                t, args.window, args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size)
         check_training_fits(task, lambda: student(meta_twin(teacher)))
         model = student(teacher)
         announce_conversion(model, args)
         return model
-    return new_model(task, Seq2SeqTransformer, model_config, task.tokenizer.get_vocab_size())  # random initialisation
+    return new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())  # random initialisation
 
 
 def load_translator_teacher(args):

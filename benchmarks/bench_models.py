@@ -10,8 +10,9 @@ from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from generate import CapturedStep, compile_step
 from sru import SRUConfig, SRUppLM
+from support.configs import build_model, config_of
 from support.runtime import load_checkpoint
-from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, fold
+from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, fold
 
 
 # The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All run t2r.py's step
@@ -69,7 +70,7 @@ def lm_config(args, **overrides) -> Config:
     if args.ckpt_config:
         base.update({k: args.ckpt_config[k] for k in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff",
                                                       "pre_norm", "tie_embeddings") if k in args.ckpt_config})
-    return Config(**{**base, **overrides})
+    return config_of({**base, **overrides})  # with a window: after_t2r.WindowConfig
 
 
 def load_fitting(model: nn.Module, args) -> nn.Module:
@@ -99,7 +100,7 @@ def build_lm(name: str, args):
         return place(sru_model(name, args).eval(), args), "step"
     kind, k, folded, _ = LM_MODELS[name]
     window = WINDOW if "window" in name else 0
-    model = load_fitting(TransformerLM(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
+    model = load_fitting(build_model(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
     if folded:
         model = fold(model)
     if name == "floor":
@@ -125,7 +126,7 @@ def build_s2s(name: str, args):
 def translator_name(run: str) -> str:
     """softmax, t2r, ... from a run's model.pt: its attention kinds, and _window for a hybrid."""
     config = load_checkpoint(os.path.join(run, "model.pt"))["config"]
-    kinds = sorted(set(Config(**config).layer_kinds()) | {config.get("cross_attn", "softmax")})
+    kinds = sorted(set(config_of(config).layer_kinds()) | {config.get("cross_attn", "softmax")})
     return "+".join(kinds) + ("_window" if config.get("window") else "")
 
 
@@ -135,11 +136,11 @@ def train_model(section, name, args):
     kind, chunk = ("softmax", 0) if name.startswith("softmax") else ("t2r", 0 if name == "t2r_quadratic" else 64)
     window = WINDOW if "window" in name else 0
     if section == "train_attn":
-        config = lm_config(args)
+        config = lm_config(args, chunk_size=chunk, window=window)
         if kind == "softmax":
-            return SoftmaxAttention(config.d_model, config.n_head, causal=True).to(args.device)
+            return SoftmaxAttention(config, causal=True).to(args.device)
         if window:
-            return WindowAttention(config.d_model, config.n_head, "t2r", 32, chunk, window).to(args.device)
-        return LinearAttention(config.d_model, config.n_head, True, "t2r", 32, chunk).to(args.device)
-    model = TransformerLM(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
+            return WindowAttention(config, "t2r", 32).to(args.device)
+        return LinearAttention(config, True, "t2r", 32).to(args.device)
+    model = build_model(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
     return load_fitting(model, args).to(args.device).train()

@@ -28,10 +28,10 @@ class NoAttention(nn.Module):
     def init_state(self, batch_size, device, dtype):
         return {}
 
-    def step(self, x, state, rotation=None):
+    def step(self, x, state):
         return torch.zeros_like(x)
 
-    def forward(self, x, key_mask=None, rotation=None):
+    def forward(self, x, key_mask=None):
         return torch.zeros_like(x)
 
 
@@ -47,9 +47,9 @@ class ProjectionsOnly(nn.Module):
         self.attn.stack_projections(append_one=True)
         return {}
 
-    def step(self, x, state, rotation=None):
+    def step(self, x, state):
         attn = self.attn
-        _, _, v1 = attn.project_step(x, True, rotation)  # [v | 1] (B, n, 1, d + 1)
+        _, _, v1 = attn.project_step(x, True)  # [v | 1] (B, H, 1, d + 1)
         return attn.merge_step(v1[..., :attn.d_head])  # W_o v
 
 

@@ -31,7 +31,7 @@ from support import data
 from support.configs import feature_sizes
 from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
-from support.states import full_precision, state_dtype
+from layers.states import full_precision, state_dtype
 from t2r import SoftmaxAttention, convert, masked_similarity, normalize
 
 

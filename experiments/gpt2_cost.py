@@ -19,19 +19,20 @@ import torch.nn.functional as F
 from bench import generate, latency_at
 from support import hf
 from support.runtime import Parser, positive_int, run_main
-from support.states import state_bytes
+from layers.states import state_bytes
 from support.training import make_optimizer
-from t2r import Config, TransformerLM, convert, fold
+from families import FamilyConfig, FamilyLM
+from t2r import convert, fold
 
 FEATURE_SIZE = 32  # T2R's k, as in the paper
 LENGTH = 1024  # GPT-2's last position
 
 
-def memory(config: Config, feature_size: int = FEATURE_SIZE, lengths: tuple = (LENGTH,)) -> dict:
+def memory(config: FamilyConfig, feature_size: int = FEATURE_SIZE, lengths: tuple = (LENGTH,)) -> dict:
     """Bytes in float32, computed on the meta device: the model is described, nothing is allocated; the KV cache
     at each of lengths."""
     with torch.device("meta"):
-        student = convert(TransformerLM(config), "t2r", feature_size)
+        student = convert(FamilyLM(config), "t2r", feature_size)
         state = state_bytes(student.init_state(batch_size=1))
     weights = 4 * student.num_params()
     return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
@@ -58,13 +59,13 @@ def print_memory(figures: dict):
         print(f"memory | {what:15s} | {size:>13,d} bytes | {size / 2 ** 20:8.1f} MiB")
 
 
-def timed_models(config: Config, shape: str, repeats: int) -> tuple:
+def timed_models(config: FamilyConfig, shape: str, repeats: int) -> tuple:
     """The softmax model of the config's shape with random weights and its T2R conversion (chunked: the form that
     finetunes), after printing one finetuning step's seconds of each."""
     threads = torch.get_num_threads()
     print(f"torch {torch.__version__}, {threads} thread{'s' * (threads != 1)}; random weights of {shape} shape")
     torch.manual_seed(0)
-    teacher = TransformerLM(config)
+    teacher = FamilyLM(config)
     student = convert(teacher, "t2r", FEATURE_SIZE)
     for name, model in (("softmax", teacher), (f"t2r k={FEATURE_SIZE}", student)):
         print(f"finetuning step, batch 1 x 512 | {name} | {step_seconds(model, repeats):.2f} s", flush=True)

@@ -35,8 +35,9 @@ from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, 
                              write_csv, write_json)
 from support.training import Task, train
 from sru import SRUConfig, SRUppLM
-from support.states import state_bytes
-from t2r import Config, TransformerLM, convert
+from layers.states import state_bytes
+from after_t2r import convert_to_window
+from t2r import Config, TransformerLM
 
 PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for once
 VOCAB = 256  # keys from 0..127, values from 128..255
@@ -191,7 +192,7 @@ def make_model(run: Run, size: dict, checkpoint, args):
         return SRUppLM(SRUConfig(vocab_size=VOCAB, n_layer=size["n_layer"], d_model=size["d_model"], dropout=0.0))
     if run.converted:
         teacher = model_from_checkpoint(load_checkpoint(args.pretrained, "MQAR teacher"))
-        return convert(teacher, "t2r", run.k, window=run.window)
+        return convert_to_window(teacher, run.window, "t2r", feature_size=run.k)  # window 0: t2r.convert
     return TransformerLM(Config(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"],
                                 d_model=size["d_model"], d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn,
                                 feature_size=run.k or 32))

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from support.runtime import UserError, non_finite_weights
-from t2r import Config, TransformerLM
+from families import FamilyConfig, FamilyLM
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER
 FILES = ["config.json", "tokenizer.json", "*.safetensors*"]  # what a download fetches: the weights, sharded or not
@@ -56,7 +56,7 @@ LAYER_MODULES = [("norm1", "ln_1", None),  # layers.{i}.<ours> <- h.{i}.<GPT-2's
 MASK_BUFFERS = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 
-def tensor_plan(model: TransformerLM, family: str = "gpt2") -> list:
+def tensor_plan(model: FamilyLM, family: str = "gpt2") -> list:
     """(our tensor, theirs, which third of c_attn or None, transposed or not) for every tensor of ours."""
     if family == "gpt2":
         modules = TOP_MODULES + [(f"layers.{i}.{ours}", f"h.{i}.{theirs}", third)
@@ -111,7 +111,7 @@ def read_settings(folder: str) -> dict:
     return settings
 
 
-def read_config(folder: str, settings: dict | None = None) -> Config:
+def read_config(folder: str, settings: dict | None = None) -> FamilyConfig:
     """Our Config of the folder's config.json (its settings, if read already), for each family its own reading; any
     other family is refused."""
     settings, where = settings or read_settings(folder), os.path.join(folder, "config.json")
@@ -124,7 +124,7 @@ def read_config(folder: str, settings: dict | None = None) -> Config:
                     f"(SmolLM2 is a llama)")
 
 
-def gpt2_config(settings: dict, where: str) -> Config:
+def gpt2_config(settings: dict, where: str) -> FamilyConfig:
     """Our Config of the settings of a GPT-2 config.json, refusing any that would compute something else."""
     sizes = {key: settings.get(key) for key in ("vocab_size", "n_layer", "n_head", "n_embd", "n_positions")}
     wrong = next((key for key, value in sizes.items() if type(value) is not int or value < 1), None)  # true is no int
@@ -135,7 +135,7 @@ def gpt2_config(settings: dict, where: str) -> Config:
         if get(key, values[0]) not in values:
             raise UserError(f"{where} has {key}={get(key)!r}, which our model does not compute (ours: {values[0]!r})")
     try:  # GPT-2's dropout on embeddings and sublayer outputs (resid_pdrop) is our one dropout; it has no attn_pdrop
-        return Config(vocab_size=settings["vocab_size"], n_layer=settings["n_layer"], n_head=settings["n_head"],
+        return FamilyConfig(vocab_size=settings["vocab_size"], n_layer=settings["n_layer"], n_head=settings["n_head"],
                       d_model=settings["n_embd"], d_ff=get("n_inner") or 4 * settings["n_embd"],
                       dropout=get("resid_pdrop", 0.1), max_positions=settings["n_positions"],
                       activation="gelu_tanh", scale_embedding=False)
@@ -168,7 +168,7 @@ def rope_settings(settings: dict) -> tuple:
     return rope.get("rope_theta", 10_000.0), (None if kind == "default" else {**scaling, "rope_type": kind})
 
 
-def llama_config(settings: dict, where: str) -> Config:
+def llama_config(settings: dict, where: str) -> FamilyConfig:
     """Our Config of a Llama, Qwen2 or Mistral config.json, refusing any setting that would compute otherwise."""
     family, get = settings["model_type"], settings.get
     names = ("vocab_size", "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
@@ -190,7 +190,7 @@ def llama_config(settings: dict, where: str) -> Config:
                         f"not compute: use a checkpoint without one (sliding_window null)")
     theta, scaling = rope_settings(settings)
     try:
-        return Config(vocab_size=settings["vocab_size"], n_layer=settings["num_hidden_layers"], n_head=heads,
+        return FamilyConfig(vocab_size=settings["vocab_size"], n_layer=settings["num_hidden_layers"], n_head=heads,
                       d_model=width, d_ff=settings["intermediate_size"], dropout=get("attention_dropout", 0.0),
                       tie_embeddings=get("tie_word_embeddings", False), scale_embedding=False, norm="rmsnorm",
                       norm_eps=get("rms_norm_eps", 1e-6), ffn="swiglu", bias=BIASES[family],
@@ -236,12 +236,12 @@ def read_tensors(folder: str) -> dict:
     return tensors
 
 
-def load(folder: str) -> TransformerLM:
-    """Our softmax TransformerLM with the checkpoint's weights: every tensor of it used, or a one-line error."""
+def load(folder: str) -> FamilyLM:
+    """Our softmax FamilyLM with the checkpoint's weights: every tensor of it used, or a one-line error."""
     settings = read_settings(folder)
     config, tensors, family = read_config(folder, settings), read_tensors(folder), settings["model_type"]
     with torch.device("meta"):  # shapes first, no memory: a config.json too large for its tensors is refused here
-        shapes = TransformerLM(config)
+        shapes = FamilyLM(config)
     head = "lm_head.weight"  # a tied model's output layer is its embedding: saved or not, it is not read
     plan = [row for row in tensor_plan(shapes, family) if not (config.tie_embeddings and row[0] == head)]
     embedding = next(theirs for ours, theirs, _, _ in plan if ours == "embed.tok.weight")
@@ -258,7 +258,7 @@ def load(folder: str) -> TransformerLM:
         state[ours] = read(tensors[theirs], third, transposed)
         if state[ours].shape != target[ours].shape:
             raise UserError(f"{folder}: {theirs} has shape {tuple(tensors[theirs].shape)}, not what config.json says")
-    model = TransformerLM(config)  # the size of the tensors read: it fits
+    model = FamilyLM(config)  # the size of the tensors read: it fits
     model.load_state_dict({**state, head: state["embed.tok.weight"]} if config.tie_embeddings else state)
     return model
 

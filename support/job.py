@@ -12,14 +12,14 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from support.configs import feature_sizes
+from support.configs import config_of, feature_sizes
 from support.hf import is_hf
 from support.run_files import evaluate_finished, open_finished, open_run
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
                              load_checkpoint, non_negative_float, non_negative_int, positive_float, positive_int,
                              print_config, seed, serializable, setup_distributed, take_saved_flags)
 from support.training import train
-from t2r import ATTENTION_KINDS, Config
+from t2r import ATTENTION_KINDS
 
 
 # -----------------------------------------------------------------------------
@@ -344,7 +344,7 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple, given_flags: tuple
     """The teacher is softmax, and every size flag given (and each of `given_flags` given on the command line)
     is the teacher's: a converted model keeps the teacher's shapes, so a different value would be ignored."""
     config = checkpoint["config"]
-    kinds = set(Config(**config).layer_kinds()) | ({config["cross_attn"]} if config.get("n_encoder_layer") else set())
+    kinds = set(config_of(config).layer_kinds()) | ({config["cross_attn"]} if config.get("n_encoder_layer") else set())
     if kinds != {"softmax"}:
         raise UserError(f"{args.pretrained} is already converted (attention {sorted(kinds)}): "
                         f"--init pretrained needs a softmax model")

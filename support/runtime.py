@@ -22,8 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
-from sru import SRUConfig, SRUppLM
-from t2r import Config, Seq2SeqTransformer, TransformerLM
+from support.configs import build_model, is_sru  # noqa: F401 (is_sru: the scripts take it from here)
 
 
 # -----------------------------------------------------------------------------
@@ -396,24 +395,13 @@ def read_checked(path: str, what: str = "checkpoint", fix: str = "delete it and 
     return checkpoint
 
 
-def is_sru(config: dict) -> bool:
-    """Whether a checkpoint's config is an SRU++ language model (sru.py), not a transformer (t2r.py)."""
-    return config.get("arch") == "sru++"
-
-
-def build_model(config: Config | dict):
-    """The model a config describes: a translator when it has an encoder, else a language model."""
-    config = Config(**config) if isinstance(config, dict) else config
-    return Seq2SeqTransformer(config) if config.n_encoder_layer else TransformerLM(config)
-
-
 def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
     """The model a checkpoint holds, with its weights: a transformer, a translator or an SRU++ LM."""
     config = checkpoint["config"]
     try:
-        model = SRUppLM(SRUConfig(**config)) if is_sru(config) else build_model(Config(**config))
+        model = build_model(config)
         model.load_state_dict(checkpoint["model"])
-    except (TypeError, ValueError, RuntimeError) as error:
+    except (TypeError, ValueError, RuntimeError, AttributeError) as error:
         first_line = str(error).strip().splitlines()[0]
         raise UserError(f"{path} holds a model this code cannot build ({first_line}): it is damaged, hand-made, "
                         f"or from another version") from None

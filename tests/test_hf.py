@@ -23,6 +23,8 @@ transformers = pytest.importorskip("transformers")
 import generate
 import t2r
 import train_lm
+from after_t2r import convert_to_window
+from families import FamilyConfig
 from conftest import assert_check_passes, assert_one_line_error, lm_config, report, run, run_in_process, step_all
 from support import hf, job, runtime
 from safetensors.torch import load_file, save_file
@@ -100,7 +102,7 @@ def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
     """Swapped to T2R (with a softmax window, or without and folded): GPT-2's learned positions, GELU and unscaled
     embedding stay, and the recurrent form, which embeds position t at step t, equals the parallel one."""
     folder, _, reference = tiny_gpt2
-    student = t2r.convert(hf.load(folder), "t2r", feature_size=8, window=window).double().eval()
+    student = convert_to_window(hf.load(folder), window, "t2r", feature_size=8).double().eval()
     c = student.config
     assert (c.max_positions, c.activation, c.scale_embedding) == (128, "gelu_tanh", False)
     assert torch.equal(student.embed.pos.weight, reference.transformer.wpe.weight.double())
@@ -115,16 +117,16 @@ def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
 def test_a_config_that_names_its_positions_loads_and_keeps_only_max_positions():
     """Checkpoints written before max_positions alone said it carry positions="learned" (or "sinusoidal"): their
     configs still load, and what is kept is max_positions alone (the kind of positions follows from it)."""
-    config = t2r.Config(**{**lm_config(max_positions=16).to_dict(), "positions": "learned"})
+    config = runtime.build_model({**lm_config(max_positions=16).to_dict(), "positions": "learned"}).config
     assert config.max_positions == 16 and "positions" not in config.to_dict()
-    assert t2r.Config(**{**lm_config().to_dict(), "positions": "sinusoidal"}).max_positions == 0
+    assert runtime.build_model({**lm_config().to_dict(), "positions": "sinusoidal"}).config.max_positions == 0
 
 
 def test_the_switches_add_one_table_and_leave_todays_models_alone():
     """Today's models keep their state_dict keys (sinusoidal positions have no table); learned positions add one."""
     today = set(t2r.TransformerLM(lm_config()).state_dict())
-    gpt2_like = set(t2r.TransformerLM(lm_config(max_positions=16, activation="gelu_tanh",
-                                                scale_embedding=False)).state_dict())
+    gpt2_like = set(runtime.build_model(lm_config(max_positions=16, activation="gelu_tanh",
+                                                  scale_embedding=False)).state_dict())
     assert gpt2_like - today == {"embed.pos.weight"} and today <= gpt2_like
 
 
@@ -199,7 +201,7 @@ def test_generating_past_the_learned_positions_is_refused(finetuned, monkeypatch
 @pytest.mark.parametrize("num_tokens, fits", [(126, True), (127, False)])
 def test_the_position_limit_is_exact(num_tokens, fits):
     """A 3-token prompt and n new tokens feed positions 0 .. 3 + n - 2: the last new token is never fed in."""
-    config = t2r.Config(vocab_size=10, n_layer=1, n_head=1, d_model=8, max_positions=128)
+    config = FamilyConfig(vocab_size=10, n_layer=1, n_head=1, d_model=8, max_positions=128)
     with contextlib.nullcontext() if fits else pytest.raises(runtime.UserError):
         generate.check_positions(config, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
 

@@ -13,15 +13,18 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from support import llama_layers
-from support.states import state_bytes
+import families
+from after_t2r import WindowConfig, convert_to_window
+from families import FamilyConfig
+from support.configs import build_model
+from layers.states import state_bytes
 from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, fold
 
 LLAMA = dict(norm="rmsnorm", ffn="swiglu", bias="none", n_kv_head=2, rope_theta=10_000.0, scale_embedding=False)
 
 
-def tiny(**switches) -> Config:
-    return Config(**{**dict(vocab_size=50, n_layer=2, n_head=4, d_model=32, d_ff=48, dropout=0.0, chunk_size=4),
+def tiny(**switches) -> FamilyConfig:
+    return FamilyConfig(**{**dict(vocab_size=50, n_layer=2, n_head=4, d_model=32, d_ff=48, dropout=0.0, chunk_size=4),
                      **switches})
 
 
@@ -34,19 +37,19 @@ def test_the_defaults_keep_the_papers_state_dict_keys():
 
 
 def test_a_llama_layer_has_the_llama_tensors_and_no_biases():
-    keys = set(TransformerLM(tiny(**LLAMA)).state_dict())
+    keys = set(build_model(tiny(**LLAMA)).state_dict())
     assert {k for k in keys if k.startswith("layers.0.")} == {
         f"layers.0.{m}.weight" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                          "self_attn.out_proj", "norm1", "norm2", "ffn.gate", "ffn.up", "ffn.down")}
-    model = TransformerLM(tiny(**LLAMA))
+    model = build_model(tiny(**LLAMA))
     assert model.layers[0].self_attn.k_proj.weight.shape == (2 * 8, 32)  # 2 key/value heads of 8
-    qwen = TransformerLM(tiny(**{**LLAMA, "bias": "qkv"})).layers[0].self_attn
+    qwen = build_model(tiny(**{**LLAMA, "bias": "qkv"})).layers[0].self_attn
     assert [p.bias is not None for p in (qwen.q_proj, qwen.k_proj, qwen.v_proj, qwen.out_proj)] == [True] * 3 + [False]
 
 
 def test_rmsnorm_and_swiglu_compute_their_formulas():
     torch.manual_seed(0)
-    model = TransformerLM(tiny(**LLAMA)).double()
+    model = build_model(tiny(**LLAMA)).double()
     block, x = model.layers[0], torch.randn(2, 5, 32, dtype=torch.float64)
     norm = block.norm1
     expected = norm.weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
@@ -59,9 +62,9 @@ def test_rmsnorm_and_swiglu_compute_their_formulas():
 def test_rotary_scores_depend_on_the_distance_alone():
     torch.manual_seed(0)
     q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
-    inv_freq = llama_layers.rope_frequencies(Config(n_head=1, d_model=16, rope_theta=100.0))
-    cos, sin = llama_layers.rotary_angles(torch.arange(40), inv_freq, torch.float64)
-    score = lambda i, j: llama_layers.rotate(q, cos[i], sin[i]) @ llama_layers.rotate(k, cos[j], sin[j])
+    inv_freq = families.rope_frequencies(FamilyConfig(n_head=1, d_model=16, rope_theta=100.0))
+    cos, sin = families.rotary_angles(torch.arange(40), inv_freq, torch.float64)
+    score = lambda i, j: families.rotate(q, cos[i], sin[i]) @ families.rotate(k, cos[j], sin[j])
     assert abs(score(7, 3) - score(36, 32)) < 1e-12 and abs(score(7, 3) - score(7, 4)) > 1e-3
 
 
@@ -72,7 +75,7 @@ SWITCHES = {"gqa": dict(n_kv_head=2), "rope": dict(rope_theta=500.0, scale_embed
 
 def model_of(kind: str, switches: dict, **extra) -> TransformerLM:
     torch.manual_seed(0)
-    teacher = TransformerLM(tiny(**switches, **extra)).double().eval()
+    teacher = build_model(tiny(**switches, **extra)).double().eval()
     return teacher if kind == "softmax" else convert(teacher, kind, 8).eval()
 
 
@@ -97,7 +100,7 @@ def as_multi_head(model: TransformerLM) -> TransformerLM:
     its group: plain multi-head attention, the reference grouped-query attention must equal."""
     config = model.config
     group = config.n_head // config.n_kv_head
-    wide = type(model)(Config(**{**config.to_dict(), "n_kv_head": 0})).double().eval()
+    wide = type(model)(FamilyConfig(**{**config.to_dict(), "n_kv_head": 0})).double().eval()
     state = {}
     for name, tensor in model.state_dict().items():
         if name.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")):
@@ -145,26 +148,12 @@ def test_with_rotary_positions_nothing_folds():
     assert not t2r.is_folded(folded) and torch.equal(folded(tokens), model(tokens))
 
 
-@pytest.mark.parametrize("kind", ["softmax", "t2r"])
-def test_a_translator_with_grouped_query_attention_steps_as_it_runs_in_parallel(kind):
-    torch.manual_seed(0)
-    teacher = Seq2SeqTransformer(Config(vocab_size=30, n_layer=2, n_encoder_layer=1, n_head=4, n_kv_head=2,
-                                        d_model=16, d_ff=32, dropout=0.0)).double().eval()
-    model = teacher if kind == "softmax" else convert(teacher, "t2r").eval()
-    src, tgt = torch.randint(1, 30, (2, 7)), torch.randint(1, 30, (2, 6))
-    parallel, state, steps = model(src, tgt), model.init_state(src), []
-    for t in range(tgt.shape[1]):
-        logits, state = model.step(tgt[:, t], state)
-        steps.append(logits)
-    assert (torch.stack(steps, 1) - parallel).abs().max() < 1e-10
-
-
 @pytest.mark.parametrize("switches, message", [
     (dict(norm="batchnorm"), "norm='batchnorm': choose one of layernorm, rmsnorm"),
     (dict(n_kv_head=3), "n_kv_head=3 must divide n_head=4"),
     (dict(rope_theta=10.0, max_positions=64), "rotary positions (rope_theta > 0) are a language model's only"),
     (dict(rope_theta=10.0, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope_scaling={'rope_type': 'yarn'"),
-    (dict(n_kv_head=2, window=4), "the sliding-window hybrid takes one key/value head per query head"),
+    (dict(n_kv_head=2, n_encoder_layer=1), "the checkpoint families are language models"),
 ])
 def test_a_switch_that_cannot_be_is_one_line(switches, message):
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)").replace("'", ".")
@@ -173,11 +162,16 @@ def test_a_switch_that_cannot_be_is_one_line(switches, message):
     assert "\n" not in str(error.value)
 
 
+def test_a_window_hybrid_with_grouped_query_heads_is_one_line():
+    with pytest.raises(ValueError, match="^the sliding-window hybrid takes one key/value head per query head"):
+        WindowConfig(**tiny(n_kv_head=2).to_dict(), window=4)
+
+
 def test_llama3_frequencies_keep_the_short_waves_and_stretch_the_long_ones():
     scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                    original_max_position_embeddings=64)
-    plain = llama_layers.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0))
-    stretched = llama_layers.rope_frequencies(Config(n_head=1, d_model=32, rope_theta=10_000.0, rope_scaling=scaling))
+    plain = families.rope_frequencies(FamilyConfig(n_head=1, d_model=32, rope_theta=10_000.0))
+    stretched = families.rope_frequencies(FamilyConfig(n_head=1, d_model=32, rope_theta=10_000.0, rope_scaling=scaling))
     wavelength = 2 * math.pi / plain
     short, long = wavelength < 64 / 4, wavelength > 64 / 1
     assert torch.equal(stretched[short], plain[short]) and torch.allclose(stretched[long], plain[long] / 8)
@@ -188,7 +182,7 @@ def test_llama3_frequencies_keep_the_short_waves_and_stretch_the_long_ones():
 def test_the_window_hybrid_steps_as_it_runs_in_parallel_under_the_switches(switches):
     torch.manual_seed(0)
     config = {**LLAMA, "n_kv_head": 0} if switches == "llama-mha" else SWITCHES["rope"]
-    model = convert(TransformerLM(tiny(**config)).double(), "t2r", 8, window=3).eval()
+    model = convert_to_window(build_model(tiny(**config)).double(), 3, "t2r", feature_size=8).eval()
     tokens = torch.randint(0, 50, (2, 10))
     state, steps = model.init_state(2), []
     for t in range(tokens.shape[1]):
@@ -200,7 +194,7 @@ def test_the_window_hybrid_steps_as_it_runs_in_parallel_under_the_switches(switc
 def test_attention_transfer_passes_the_teachers_output_on_under_the_switches():
     from after_t2r import attention_transfer
     torch.manual_seed(0)
-    teacher = TransformerLM(tiny(**LLAMA)).double().eval()
+    teacher = build_model(tiny(**LLAMA)).double().eval()
     student, tokens = convert(teacher, "t2r", 8), torch.randint(0, 50, (2, 9))
     errors, logits = attention_transfer(student, tokens)
     assert errors.shape == (2,) and (errors > 0).all() and (logits - teacher(tokens)).abs().max() < 1e-12
@@ -210,7 +204,7 @@ def test_attention_transfer_passes_the_teachers_output_on_under_the_switches():
 def training_estimate_and_saved(ffn: str) -> tuple:
     """support/job.py's activation bytes for a step of 2 x 16 tokens, and the bytes autograd saves for it."""
     from support.job import training_bytes
-    model, tokens, saved = TransformerLM(tiny(**{**LLAMA, "ffn": ffn})), torch.randint(0, 50, (2, 16)), []
+    model, tokens, saved = build_model(tiny(**{**LLAMA, "ffn": ffn})), torch.randint(0, 50, (2, 16)), []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
                                                   lambda t: t):
         model(tokens)[0].logsumexp(-1).sum().backward()

@@ -13,8 +13,9 @@ import torch
 from conftest import ROOT, report, tiny_translator
 from generate import CapturedStep
 from support.runtime import decoding_kernels
-from support.states import state_bytes
-from t2r import Config, TransformerLM, fold
+from layers.states import state_bytes
+from support.configs import build_model, config_of
+from t2r import fold
 
 LM_CASES = {
     "t2r": dict(attn="t2r"),
@@ -33,9 +34,9 @@ LM_CASES = {
 
 def tiny_lm(attn="t2r", fold_it=False, dtype=torch.float64, **switches):
     torch.manual_seed(0)
-    config = Config(vocab_size=60, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=attn, feature_size=4,
-                    **switches)
-    model = TransformerLM(config).to(dtype).eval()
+    config = config_of(dict(vocab_size=60, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=attn,
+                            feature_size=4, **switches))
+    model = build_model(config).to(dtype).eval()  # with a window or GPT-2's switches: its subclass
     return fold(model) if fold_it else model
 
 

@@ -362,9 +362,9 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
 
     def counted(*args):
         calls.append(1)
-        return linear_attention_step(*args)
-    linear_attention_step = t2r.linear_attention_step
-    monkeypatch.setattr(t2r, "linear_attention_step", counted)
+        return read_state(*args)
+    read_state = t2r.read_state  # Eq. 7 of the step generation runs
+    monkeypatch.setattr(t2r, "read_state", counted)
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
                       "5", cwd=tmp)
     assert result.returncode == 0, result.stderr

@@ -12,8 +12,12 @@ import torch.nn.functional as F
 import after_t2r
 import t2r
 from conftest import lm_config, make, mt_config, report, step_all
-from support.states import state_bytes
+from layers.states import state_bytes
 from t2r import Seq2SeqTransformer, TransformerLM
+
+
+def is_new(name: str) -> bool:  # what a conversion adds: feature maps, window gates
+    return ".feature_map." in name or name.endswith(".window_gate")
 
 
 T = 11  # not a multiple of the chunk sizes below
@@ -111,11 +115,11 @@ def test_seq2seq_decoder_with_a_window_recurrent_equals_parallel():
 
 def test_convert_with_a_window_adds_only_feature_maps_and_gates():
     teacher = make(TransformerLM, lm_config("softmax"))
-    student = t2r.convert(teacher, "t2r", feature_size=6, window=3)
+    student = after_t2r.convert_to_window(teacher, 3, "t2r", feature_size=6)
     new = [name for name in student.state_dict() if name not in teacher.state_dict()]
-    assert new and all(t2r.is_feature_map_parameter(name) for name in new)
+    assert new and all(is_new(name) for name in new)
     assert sum(name.endswith("window_gate") for name in new) == 2  # one per converted layer
-    assert student.config.window == 3 and teacher.config.window == 0
+    assert student.config.window == 3 and not hasattr(teacher.config, "window")
 
 
 def test_fold_leaves_window_layers_as_they_are():
