@@ -16,19 +16,18 @@ SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their stat
 values of their attention layers.
 """
 
-import copy
 import time
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from support import data
-from support.run_files import check_identity
+from support.inference import compile_step, inference_model
+from support.run_files import check_identity, data_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
 from support.states import state_bytes
-from t2r import LinearAttention, T2RFeatureMap, fold, is_folded
-from train_lm import data_identity
+from t2r import LinearAttention, is_folded
 
 
 def get_args(argv=None):
@@ -216,21 +215,6 @@ class CapturedStep:
         self.graph.replay()
         self.steps += 1
         return self.logits.clone(), state
-
-
-def compile_step(model):
-    """A shallow copy of model whose step runs its layers and output head through torch.compile (the first steps
-    compile; it pays off over long generations); the caller's model is left as it is. The embedding and the position
-    counter stay outside, so a new position does not recompile."""
-    compiled = copy.copy(model)
-    compiled.step_layers = torch.compile(compiled.step_layers)
-    return compiled
-
-
-def inference_model(model):
-    """The model in eval mode, its T2R layers folded (Eq. 8: the feature map merges into W_q and W_k; the outputs are
-    the same). A model without T2R layers is not copied."""
-    return fold(model) if any(isinstance(m, T2RFeatureMap) for m in model.modules()) else model.eval()
 
 
 def make_decoder(model, args, device, length: int):

@@ -20,9 +20,9 @@ import os
 import torch
 import torch.nn.functional as F
 
-from generate import inference_model
 from support import mt_data
 from support.configs import feature_sizes
+from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, for_finetuning, load_teacher,
                          meta_twin, model_name, new_model, processes, resolve_run_flags, run)
