@@ -212,11 +212,11 @@ def built_once(tmp_path_factory, name, build) -> tuple:
 
 def translations_in_process(ckpt, sentences: list, *flags) -> list:
     """What translate.py --ckpt CKPT *flags should print for sentences: translate.translate_sentences on the model
-    generate.inference_model makes of it, with translate.py's flags (its defaults where not given)."""
-    import generate
+    support/inference.py's inference_model makes of it, with translate.py's flags (its defaults where not given)."""
     import translate
+    from support.inference import inference_model
     model, tokenizer, _ = translate.load_translator(str(ckpt))
-    return translate.translate_sentences(generate.inference_model(model), tokenizer, sentences,
+    return translate.translate_sentences(inference_model(model), tokenizer, sentences,
                                          translate.get_args(list(flags)), torch.device("cpu"))
 
 

@@ -16,52 +16,38 @@ SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their stat
 values of their attention layers.
 """
 
-import copy
 import time
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch.utils._pytree import tree_flatten
 
+from sru import SRUppLM
 from support import data
-from support.run_files import check_identity
+from support.inference import compile_step, inference_model
+from support.run_files import check_identity, data_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
                              model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
-from t2r import LinearAttention, T2RFeatureMap, fold, is_folded
-from train_lm import data_identity
+from t2r import is_folded
 
 
-def get_args(argv=None):
-    p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
-    p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
-    p.add_argument("--prompt", action="append", help="text to continue (words outside the vocabulary become <unk>); "
-                   "repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
-                   "same distribution (default: the)")
-    p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
-    p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
-    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
-    p.add_argument("--top_k", type=non_negative_int, default=0, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=seed, default=1337, help="seed of the sampling generator")
-    p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
-                   help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
-    p.add_argument("--step", default="auto", choices=["auto", "eager", "graph"],
-                   help="how the recurrent step runs: eager, or graph (recorded once as a CUDA graph and "
-                   "replayed; CUDA only); auto: graph where it can run, else eager")
-    p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
-    p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
-    p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
-    p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
-    args = p.parse_args(argv)
-    args.prompt = args.prompt or ["the"]
-    try:
-        [prompt.encode("utf-8") for prompt in args.prompt]
-    except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
-        p.error("--prompt is not UTF-8 text: pass it in UTF-8 (e.g. convert with iconv -t utf-8)")
-    if args.compile and args.step == "graph":
-        p.error("--compile compiles the eager step: it cannot go with --step graph")
-    if args.mode == "recompute" and (args.step != "auto" or args.compile):
-        p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
-    return args
+# -----------------------------------------------------------------------------
+# The RNN loop
+
+def generate(model, state, prompt, num_tokens: int, pick):
+    """The RNN way: each token goes through model.step once, and the state carries the prefix (nothing grows with
+    num_tokens). prompt (B, T): one prompt, a row per sample (or prompts of one length); state: model.init_state(B),
+    updated in place (model.step runs without autograd). Yields each new token (B,) and the logits (B, V) that
+    picked it."""
+    *prefix, token = prompt.unbind(1)  # the prompt's tokens, (B,) each
+    for prompt_token in prefix:  # all but the last: into the state, their logits unused
+        _, state = model.step(prompt_token, state)
+    for _ in range(num_tokens):
+        logits, state = model.step(token, state)  # every layer's recurrent step (Eqs. 5-7), then the output layer
+        token = pick(logits)
+        yield token, logits
 
 
 def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
@@ -76,96 +62,90 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]
 
 
-@torch.no_grad()
-def generate_recurrent(model, prompt, num_tokens, pick, on_token, lengths=None):
-    """The RNN way: feed each token once; the state carries the prefix, and nothing else grows with num_tokens.
-    prompt (B, T): one prompt a row, row b's first lengths[b] tokens (all T without lengths; the rest is never read).
-    Every row is at the same position at every step and feeds its own tokens, its prompt's, then its picks: no padding
-    enters a state, so a greedy pick is the one the prompt gets alone (a sampled one draws from the same distribution).
-    After each step on_token(position, token, logits) gets every row's token (B,) for that position and the logits (B,
-    V) that chose it: row b's picks are at positions lengths[b] to lengths[b] + num_tokens - 1. Returns the state."""
-    lengths = torch.full_like(prompt[:, 0], prompt.shape[1]) if lengths is None else lengths
+# -----------------------------------------------------------------------------
+# A batch of prompts of different lengths, and the baseline that keeps no state
+
+def generate_ragged(model, state, prompt, lengths, num_tokens: int, pick):
+    """generate for prompts of different lengths: prompt (B, T) holds row b's prompt in its first lengths[b] tokens
+    (lengths (B,); the rest is never read). The same loop from the shortest prompt's end on, with a pick that hands a
+    row still in its prompt its prompt's next token: every row feeds its own tokens, no padding enters a state, so a
+    greedy pick is the one the prompt gets alone (a sampled one draws from the same distribution). Yields every row's
+    token at positions shortest to longest + num_tokens - 1: row b's picks are at lengths[b] onwards (see picks)."""
     shortest, longest = int(lengths.min()), prompt.shape[1]  # read once: the loop never waits on the device
-    state, token = model.init_state(prompt.shape[0]), prompt[:, 0]
-    for position in range(1, longest + num_tokens):  # the longest prompt's prefill, then its num_tokens
-        logits, state = model.step(token, state)
-        if position >= longest:  # every row past its prompt: the logits pick every next token
-            token = pick(logits)
-        else:  # a row still in its prompt feeds the prompt's next token; no pick (no random draw) before the first
-            ahead = prompt[:, position]
-            token = torch.where(lengths <= position, pick(logits), ahead) if position >= shortest else ahead
-        on_token(position, token, logits)
-    return state
+    positions = iter(range(shortest, longest + num_tokens))  # of the tokens picked, in turn
+
+    def pick_or_prompt(logits):  # no pick (no random draw) before the shortest prompt's end
+        token, position = pick(logits), next(positions)
+        return torch.where(lengths <= position, token, prompt[:, position]) if position < longest else token
+    return generate(model, state, prompt[:, :shortest], longest - shortest + num_tokens, pick_or_prompt)
 
 
 def picks(kept_tokens: list, lengths: list, first: int, num_tokens: int) -> list:
-    """Each row's picks, from the tokens (B,) on_token got at every position from `first` on (read back once)."""
+    """Each row's picks, from the tokens (B,) a loop yielded at every position from `first` on (read back once)."""
     kept = torch.stack(kept_tokens, 1).tolist()  # (B, steps)
     return [kept[b][length - first:][:num_tokens] for b, length in enumerate(lengths)]
 
 
 @torch.no_grad()
-def generate_recompute(model, prompt, num_tokens, pick, on_token):
+def generate_recompute(model, prompt, num_tokens: int, pick):
     """The transformer way without a cache: run the whole sequence again for every new token (it grows: the
-    baseline). Prompts of one length; calls on_token as generate_recurrent does, for the picks alone; no state."""
+    baseline). Prompts of one length; yields as generate does; no state."""
     sequence = prompt
     for _ in range(num_tokens):
         logits = model(sequence)[:, -1]
         token = pick(logits)
-        on_token(sequence.shape[1], token, logits)
+        yield token, logits
         sequence = torch.cat([sequence, token[:, None]], dim=1)
 
 
-def load_tokenizer(checkpoint):
-    saved = checkpoint.get("args", {})
-    try:
-        return data.read_prepared(saved.get("dataset", "ptb"), saved.get("data_dir"),
-                                  tokenizer=saved.get("tokenizer", "word"),
-                                  vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
-                                  cache_dir=saved.get("cache_dir", "data/cache"))
-    except data.DataError as error:
-        raise UserError(f"cannot read the checkpoint's tokenizer from the token cache its training wrote ({error}); "
-                        f"relative paths are read from the folder generate.py runs in: run it where the model was "
-                        f"trained") from None
+# -----------------------------------------------------------------------------
+# --check: the logits the loop picked with, against one parallel pass
 
-
-def check_positions(config, prompt_length: int, args):
-    """Learned positions (GPT-2's) end at max_positions: the prompt and all but the last new token are fed in."""
-    limit = getattr(config, "max_positions", 0)  # 0: sinusoidal positions, or SRU++, which have no end
-    if limit and prompt_length + args.num_tokens - 1 > limit:
-        room = f"use --num_tokens {limit + 1 - prompt_length} at most" if prompt_length <= limit else "shorten --prompt"
-        raise UserError(f"the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run past the {limit} "
-                        f"positions {args.ckpt} has learned: {room}")
-
-
-def check_generation_fits(model, args, device, prompt_length: int, rows: int):
-    """What generation holds, refused in one line where it cannot fit. Each row (a prompt's sample): its state at the
-    last token (a KV cache grows, and doubles when full) and a step's logits with sampling's copies (3 x 4 bytes a
-    word); with several rows the tokens kept to print them (8 bytes each), with --check every step's logits too."""
-    c, element = model.config, next(model.parameters()).element_size()
-    length = prompt_length + args.num_tokens
-    kv_layers = sum(kind == "softmax" for kind in c.layer_kinds()) if hasattr(c, "layer_kinds") else 0
-    state = state_bytes(model.init_state(1)) + kv_layers * 2 * 2 * length * kv_width(c) * element
-    kept = 8 * args.num_tokens * (rows > 1 or args.check) + 4 * c.vocab_size * (length - 1) * args.check
-    check_fits(rows * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} of "
-               f"--num_tokens {args.num_tokens}" + (f" for {len(args.prompt)} prompts" if len(args.prompt) > 1 else ""),
-               "lower --num_samples, --num_tokens or the prompts")
-
-
-def kv_width(config) -> int:  # a layer's keys' width: grouped-query attention keeps n_kv_head heads (SRU++: d_model)
-    return config.kv_width() if hasattr(config, "kv_width") else config.d_model
-
-
-def print_state_size(model, state, batch_size: int, length: int):
-    """The recurrent state beside what a KV cache of the same length would hold (K and V, every layer)."""
-    c, p = model.config, next(model.parameters())
-    kv_bytes = 2 * c.n_layer * batch_size * length * kv_width(c) * p.element_size()
-    print(f"state after {length} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
-          f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
+@torch.no_grad()
+def check(model, rows, picked, kept_logits, first: int) -> float:
+    """The largest difference between each row's generation logits and one parallel pass over its prompt and picks;
+    kept_logits[i] chose the tokens at position first + i."""
+    logits, worst = torch.stack(kept_logits, 1), 0.0  # (B, steps, V)
+    for b, (ids, new) in enumerate(zip(rows, picked)):
+        sequence = torch.tensor([ids + new[:-1]], device=logits.device)
+        parallel = model(sequence)[0, len(ids) - 1:]
+        worst = max(worst, (parallel - logits[b, len(ids) - first: len(ids) - first + len(new)]).abs().max().item())
+    return worst
 
 
 # -----------------------------------------------------------------------------
-# Thin wrappers around t2r.py's step: torch.compile, and a CUDA graph
+# SRU++ beside t2r.py's models. Both have init_state and step, all the loops above need; what the rest of
+# generate.py reads of a model is read here, the one place that says how SRU++ (sru.py) differs.
+
+@dataclass
+class Traits:
+    """What generate.py reads of a model besides init_state and step."""
+    what: str           # what generates (the first line)
+    form: str           # the state its recurrent form keeps
+    kv_layers: int      # layers whose state is a KV cache, which grows with the length
+    kv_width: int       # a layer's keys' width (and its values'): grouped-query attention keeps n_kv_head heads
+    max_positions: int  # where learned positions (GPT-2's) end; 0: no end
+    own_step: bool      # it steps with its own step only: no step_layers to compile or record as a CUDA graph
+
+
+def traits(model) -> Traits:
+    """A t2r.py model's traits, or SRU++'s: it describes itself, steps eagerly, has no positions (the recurrence
+    orders) and no KV-cache layers counted (its attention layers' keys, d' wide, are left out of the estimate); its
+    state is set beside the KV cache of a transformer of its depth and width d."""
+    c = model.config
+    if isinstance(model, SRUppLM):
+        return Traits(*model.describe(), kv_layers=0, kv_width=c.d_model, max_positions=0, own_step=True)
+    kinds, window = c.layer_kinds(), getattr(c, "window", 0)  # a family's config (families.py) or the hybrid's
+    window = f" with a softmax window of {window}" if window else ""
+    folded = " (folded, Eq. 8)" if is_folded(model) else ""
+    form = "KV cache" if set(kinds) == {"softmax"} else "recurrent state (RNN)"
+    kv_width = c.kv_width() if hasattr(c, "kv_width") else c.d_model  # grouped-query heads keep fewer
+    return Traits(f"attention {', '.join(sorted(set(kinds)))}{window}{folded}", form, kinds.count("softmax"),
+                  kv_width, getattr(c, "max_positions", 0), own_step=False)
+
+
+# -----------------------------------------------------------------------------
+# Thin wrappers around t2r.py's step: torch.compile (support/inference.py), and a CUDA graph
 
 class CapturedStep:
     """model.step of a language model recorded once per batch size as a CUDA graph, and replayed at every token: one
@@ -177,8 +157,10 @@ class CapturedStep:
         self.device = next(model.parameters()).device
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        attentions = [layer.self_attn for layer in model.layers]  # linear, without a window (after_t2r.WindowAttention)
-        if model.config.n_encoder_layer or not all(type(a) is LinearAttention for a in attentions):
+        states = [] if model.config.n_encoder_layer else [layer.self_attn.init_state(1, torch.device("meta"),
+                                                                                     torch.float32) for layer in model.layers]
+        fixed = [all(torch.is_tensor(part) for part in state.values()) for state in states]  # no count of the tokens
+        if not fixed or not all(fixed):  # kept, as a KV cache or a window has
             raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
                              "(linear attention without a window); use --step eager")
         if hasattr(model.embed, "check_end"):  # a learned table (families.py): the graph reads its position on the
@@ -219,25 +201,10 @@ class CapturedStep:
         return self.logits.clone(), state
 
 
-def compile_step(model):
-    """A shallow copy of model whose step runs its layers and output head through torch.compile (the first steps
-    compile; it pays off over long generations); the caller's model is left as it is. The embedding and the position
-    counter stay outside, so a new position does not recompile."""
-    compiled = copy.copy(model)
-    compiled.step_layers = torch.compile(compiled.step_layers)
-    return compiled
-
-
-def inference_model(model):
-    """The model in eval mode, its T2R layers folded (Eq. 8: the feature map merges into W_q and W_k; the outputs are
-    the same). A model without T2R layers is not copied."""
-    return fold(model) if any(isinstance(m, T2RFeatureMap) for m in model.modules()) else model.eval()
-
-
-def make_decoder(model, args, device, length: int):
+def make_decoder(model, args, length: int):
     """What runs the recurrent step (--step, --compile): the model itself, compiled, or recorded as a CUDA graph of
-    `length` steps. A model without step_layers (SRU++) runs its own step, eager."""
-    if not hasattr(model, "step_layers"):
+    `length` steps. SRU++ runs its own step, eager."""
+    if traits(model).own_step:
         if args.step == "graph" or args.compile:
             raise UserError(f"{type(model).__name__} steps with its own step only: use --step eager, without --compile")
         return model
@@ -253,30 +220,40 @@ def make_decoder(model, args, device, length: int):
         return model  # auto: a KV cache grows, so it cannot be recorded; the eager step runs it
 
 
-def pick_run(model, args, device, length: int):
-    """The generation function of --mode (and --step), after a line that says what generates, and how."""
-    what, form = describe(model)
-    if args.mode == "recompute":
-        print(f"{args.ckpt}: {what}, mode recompute")
-        return lambda prompt, num_tokens, pick, on_token, lengths: generate_recompute(model, prompt, num_tokens, pick,
-                                                                                  on_token)
-    decoder = make_decoder(model, args, device, length)
-    own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
-    step = f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else own
-    print(f"{args.ckpt}: {what}, mode recurrent with a {form}, {step}")
-    return lambda *rest: generate_recurrent(decoder, *rest)
+# -----------------------------------------------------------------------------
+# The command line
 
-
-def describe(model) -> tuple[str, str]:
-    """What generates (its attention; another model family describes itself), and the state its recurrent mode keeps."""
-    if hasattr(model, "describe"):
-        return model.describe()
-    c = model.config
-    kinds = sorted(set(c.layer_kinds()))
-    window = f" with a softmax window of {c.window}" if getattr(c, "window", 0) else ""  # after_t2r.WindowConfig
-    folded = " (folded, Eq. 8)" if is_folded(model) else ""
-    form = "KV cache" if kinds == ["softmax"] else "recurrent state (RNN)"
-    return f"attention {', '.join(kinds)}{window}{folded}", form
+def get_args(argv=None):
+    p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
+    p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
+    p.add_argument("--prompt", action="append", help="text to continue (words outside the vocabulary become <unk>); "
+                   "repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
+                   "same distribution (default: the)")
+    p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
+    p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="softmax temperature; 0 means greedy (argmax)")
+    p.add_argument("--top_k", type=non_negative_int, default=0, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=seed, default=1337, help="seed of the sampling generator")
+    p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
+                   help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
+    p.add_argument("--step", default="auto", choices=["auto", "eager", "graph"],
+                   help="how the recurrent step runs: eager, or graph (recorded once as a CUDA graph and "
+                   "replayed; CUDA only); auto: graph where it can run, else eager")
+    p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
+    p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
+    p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
+    p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
+    args = p.parse_args(argv)
+    args.prompt = args.prompt or ["the"]
+    try:
+        [prompt.encode("utf-8") for prompt in args.prompt]
+    except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
+        p.error("--prompt is not UTF-8 text: pass it in UTF-8 (e.g. convert with iconv -t utf-8)")
+    if args.compile and args.step == "graph":
+        p.error("--compile compiles the eager step: it cannot go with --step graph")
+    if args.mode == "recompute" and (args.step != "auto" or args.compile):
+        p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
+    return args
 
 
 def load_model(args, device):
@@ -294,11 +271,21 @@ def load_model(args, device):
     return model, lm
 
 
-def main():
-    args = get_args()
-    decoding_kernels()
-    device = get_device(args.device)
-    model, lm = load_model(args, device)
+def load_tokenizer(checkpoint):
+    saved = checkpoint.get("args", {})
+    try:
+        return data.read_prepared(saved.get("dataset", "ptb"), saved.get("data_dir"),
+                                  tokenizer=saved.get("tokenizer", "word"),
+                                  vocab_size=saved.get("vocab_size") if saved.get("tokenizer") == "bpe" else None,
+                                  cache_dir=saved.get("cache_dir", "data/cache"))
+    except data.DataError as error:
+        raise UserError(f"cannot read the checkpoint's tokenizer from the token cache its training wrote ({error}); "
+                        f"relative paths are read from the folder generate.py runs in: run it where the model was "
+                        f"trained") from None
+
+
+def prompt_rows(model, lm, args, device) -> list:
+    """Each --prompt's ids once per sample, a row each, after the checks that they can be generated."""
     prompts = [lm.encode(text) for text in args.prompt]
     if not all(prompts):
         raise UserError("a --prompt is empty: give at least one word to continue")
@@ -306,24 +293,62 @@ def main():
         raise UserError("--mode recompute runs prompts of one length (it keeps no state per row): use --mode "
                         "recurrent, or one --prompt")
     longest = max(map(len, prompts))
-    check_positions(model.config, longest, args)
+    check_positions(traits(model).max_positions, longest, args)
     check_generation_fits(model, args, device, longest, len(prompts) * args.num_samples)
-    rows = [ids for ids in prompts for _ in range(args.num_samples)]  # each prompt's samples
+    return [ids for ids in prompts for _ in range(args.num_samples)]
+
+
+def check_positions(limit: int, prompt_length: int, args):
+    """Learned positions (GPT-2's) end at `limit` (0: no end): the prompt and all but the last new token are fed in."""
+    if limit and prompt_length + args.num_tokens - 1 > limit:
+        room = f"use --num_tokens {limit + 1 - prompt_length} at most" if prompt_length <= limit else "shorten --prompt"
+        raise UserError(f"the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run past the {limit} "
+                        f"positions {args.ckpt} has learned: {room}")
+
+
+def check_generation_fits(model, args, device, prompt_length: int, rows: int):
+    """What generation holds, refused in one line where it cannot fit. Each row (a prompt's sample): its state at the
+    last token (a KV cache grows, and doubles when full) and a step's logits with sampling's copies (3 x 4 bytes a
+    word); with several rows the tokens kept to print them (8 bytes each), with --check every step's logits too."""
+    c, t, element = model.config, traits(model), next(model.parameters()).element_size()
+    length = prompt_length + args.num_tokens
+    state = state_bytes(model.init_state(1)) + t.kv_layers * 2 * 2 * length * t.kv_width * element
+    kept = 8 * args.num_tokens * (rows > 1 or args.check) + 4 * c.vocab_size * (length - 1) * args.check
+    check_fits(rows * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} of "
+               f"--num_tokens {args.num_tokens}" + (f" for {len(args.prompt)} prompts" if len(args.prompt) > 1 else ""),
+               "lower --num_samples, --num_tokens or the prompts")
+
+
+def first_line(model, decoder, args) -> str:
+    """What generates, in which --mode, and (recurrent) the state it keeps and what runs its step."""
+    t = traits(model)
+    if args.mode == "recompute":
+        return f"{args.ckpt}: {t.what}, mode recompute"
+    own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
+    step = f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else own
+    return f"{args.ckpt}: {t.what}, mode recurrent with a {t.form}, {step}"
+
+
+def token_stream(decoder, state, rows, args, pick, device):
+    """What --mode generates from the rows: the RNN loop (over prompts of different lengths where they are), or the
+    whole prefix again at every token. The rows are padded with 0s, never read."""
+    longest = max(map(len, rows))
+    prompt = torch.tensor([ids + [0] * (longest - len(ids)) for ids in rows], device=device)
+    if args.mode == "recompute":
+        return generate_recompute(decoder, prompt, args.num_tokens, pick)
+    if len(set(map(len, rows))) == 1:
+        return generate(decoder, state, prompt, args.num_tokens, pick)
     lengths = torch.tensor([len(ids) for ids in rows], device=device)
-    prompt = torch.tensor([ids + [0] * (longest - len(ids)) for ids in rows], device=device)  # the 0s are not read
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    return generate_ragged(decoder, state, prompt, lengths, args.num_tokens, pick)
 
-    def pick(logits):
-        return sample(logits, args.temperature, args.top_k, generator)
 
-    recent, kept_tokens, kept_logits, first = list(rows[0][-7:]), [], [], []  # a short window is decoded: O(1)
-
-    def on_token(position, token, logits):
-        """Print what a pick adds to the decoded text (one row: BPE pieces join up, <eos> is a new line); keep only
-        what the end needs: several rows' tokens, printed then, and for --check every step's logits. No row's token
-        is read back while the loop runs (it would wait for the device), but the one row's that is printed."""
-        first[:] = first or [position]
-        if len(rows) == 1 and position >= longest:
+def stream(tokens, rows, lm, args) -> tuple[list, list]:
+    """Run the loop. Print what each pick adds to the decoded text (one row: BPE pieces join up, <eos> is a new line);
+    keep only what the end needs: several rows' tokens, printed then, and for --check every step's logits. No row's
+    token is read back while the loop runs (it would wait for the device), but the one row's that is printed."""
+    recent, kept_tokens, kept_logits = list(rows[0][-7:]), [], []  # a short window is decoded: O(1) a token
+    for token, logits in tokens:
+        if len(rows) == 1:
             before = lm.decode(recent)
             recent.append(int(token[0]))
             print(lm.decode(recent)[len(before):], end="", flush=True)
@@ -332,38 +357,53 @@ def main():
             kept_tokens.append(token)
         if args.check:
             kept_logits.append(logits)
+    return kept_tokens, kept_logits
 
-    run = pick_run(model, args, device, longest + args.num_tokens)
-    if len(rows) == 1:
-        print(lm.decode(rows[0]), end="", flush=True)
-    start = time.time()
-    state = run(prompt, args.num_tokens, pick, on_token, lengths)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.time() - start
-    print()
-    picked = picks(kept_tokens, [len(ids) for ids in rows], first[0], args.num_tokens) if kept_tokens else []
+
+def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept_logits: list):
+    """Several rows' texts, the speed, the state's size beside a KV cache's, and --check's difference."""
+    first = min(map(len, rows))  # the position of the first token kept: the shortest prompt's end
+    picked = picks(kept_tokens, [len(ids) for ids in rows], first, args.num_tokens) if kept_tokens else []
     for b, ids in enumerate(rows if len(rows) > 1 else []):
         which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
         print(f"--- {which}sample {b % args.num_samples}\n{lm.decode(ids + picked[b])}")
     print(f"\n{len(rows) * args.num_tokens / seconds:,.1f} tokens/s ({len(rows)} x {args.num_tokens} tokens in "
           f"{seconds:.2f} s)")
     if state is not None:
-        print_state_size(model, state, len(rows), longest + args.num_tokens)
+        print_state_size(model, state, len(rows), max(map(len, rows)) + args.num_tokens)
     if args.check:
-        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits, first[0]):.2e}")
+        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits, first):.2e}")
 
 
-@torch.no_grad()
-def check(model, rows, picked, kept_logits, first: int) -> float:
-    """The largest difference between each row's generation logits and one parallel pass over its prompt and picks;
-    kept_logits[i] chose the tokens at position first + i."""
-    logits, worst = torch.stack(kept_logits, 1), 0.0  # (B, steps, V)
-    for b, (ids, new) in enumerate(zip(rows, picked)):
-        sequence = torch.tensor([ids + new[:-1]], device=logits.device)
-        parallel = model(sequence)[0, len(ids) - 1:]
-        worst = max(worst, (parallel - logits[b, len(ids) - first: len(ids) - first + len(new)]).abs().max().item())
-    return worst
+def print_state_size(model, state, batch_size: int, length: int):
+    """The recurrent state beside what a KV cache of the same length would hold (K and V, every layer)."""
+    c, p = model.config, next(model.parameters())
+    kv_bytes = 2 * c.n_layer * batch_size * length * traits(model).kv_width * p.element_size()
+    print(f"state after {length} tokens: {state_bytes(state) / 1024:,.1f} KiB; "
+          f"a KV cache of that length holds {kv_bytes / 1024:,.1f} KiB")
+
+
+def main():
+    args = get_args()
+    decoding_kernels()
+    device = get_device(args.device)
+    model, lm = load_model(args, device)
+    rows = prompt_rows(model, lm, args, device)  # each prompt's samples
+    recurrent = args.mode == "recurrent"
+    decoder = make_decoder(model, args, max(map(len, rows)) + args.num_tokens) if recurrent else model
+    print(first_line(model, decoder, args))
+    pick = partial(sample, temperature=args.temperature, top_k=args.top_k,
+                   generator=torch.Generator(device=device).manual_seed(args.seed))
+    if len(rows) == 1:
+        print(lm.decode(rows[0]), end="", flush=True)
+    start = time.time()
+    state = decoder.init_state(len(rows)) if recurrent else None
+    kept = stream(token_stream(decoder, state, rows, args, pick, device), rows, lm, args)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.time() - start
+    print()
+    report(model, lm, rows, args, seconds, state, *kept)
 
 
 if __name__ == "__main__":

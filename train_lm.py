@@ -18,7 +18,6 @@ make_model() shows how the model is made (resumed, converted, or new); support/j
 """
 
 import itertools
-import json
 import os
 
 import torch
@@ -32,7 +31,8 @@ from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_r
                          check_training_fits,
                          announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
                          meta_twin, new_model, processes, resolve_run_flags, run)
-from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
+from support.run_files import data_identity
+from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
 from support.training import Task, get_lr
@@ -325,13 +325,6 @@ def load_lm_teacher(args, task):
         raise UserError(f"{args.pretrained} was trained with another tokenizer than this data's (its corpus changed "
                         f"since, or it is another corpus of the same size): pretrain on this --dataset")
     return model_from_checkpoint(checkpoint, args.pretrained)
-
-
-def data_identity(lm) -> dict:
-    """The tokenizer's hash and the corpus fingerprints that data.prepare keeps beside its cache."""
-    with open(os.path.join(lm.cache, "meta.json")) as f:
-        meta = json.load(f)
-    return {"tokenizer": meta["tokenizer_sha1"], "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
 
 
 def load_data(args):

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from after_t2r import convert_to_window
-from generate import inference_model
 from support import mt_data
 from support.configs import build_model, config_of, feature_sizes
+from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, for_finetuning, load_teacher,
                          meta_twin, model_name, new_model, processes, resolve_run_flags, run)

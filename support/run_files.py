@@ -9,6 +9,7 @@ A run's files are its own: a new run starts only in a folder no run has written 
 """
 
 import glob
+import json
 import os
 
 try:
@@ -16,7 +17,7 @@ try:
 except ImportError:
     fcntl = None
 
-from support.runtime import UserError, load_checkpoint, write_json
+from support.runtime import UserError, fingerprint, load_checkpoint, write_json
 
 
 def lock_out_dir(task):
@@ -74,6 +75,14 @@ def open_finished(task) -> dict:
     if task.ddp.is_main:
         lock_out_dir(task)
     return checkpoint
+
+
+def data_identity(lm) -> dict:
+    """A language model's data as a checkpoint's identity keeps it: the tokenizer's hash and the corpus fingerprints
+    that data.prepare keeps beside its cache (meta.json)."""
+    with open(os.path.join(lm.cache, "meta.json")) as f:
+        meta = json.load(f)
+    return {"tokenizer": meta["tokenizer_sha1"], "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
 
 
 def check_identity(checkpoint: dict, current: dict, path: str):

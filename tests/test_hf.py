@@ -203,7 +203,7 @@ def test_the_position_limit_is_exact(num_tokens, fits):
     """A 3-token prompt and n new tokens feed positions 0 .. 3 + n - 2: the last new token is never fed in."""
     config = FamilyConfig(vocab_size=10, n_layer=1, n_head=1, d_model=8, max_positions=128)
     with contextlib.nullcontext() if fits else pytest.raises(runtime.UserError):
-        generate.check_positions(config, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
+        generate.check_positions(config.max_positions, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
 
 
 @pytest.mark.parametrize("flag", ["--block_size", "--eval_context"])

@@ -162,17 +162,14 @@ def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_
 def continuations(model, prompts, num_tokens=6):
     """Greedy continuations of prompts (lists of ids) generated as one batch, and the logits of their picks."""
     import generate
-    longest = max(map(len, prompts))
-    prompt = torch.tensor([p + [0] * (longest - len(p)) for p in prompts])
-    tokens, logits, lengths = [], [], [len(p) for p in prompts]
-
-    def on_token(position, token, step_logits):
-        tokens.append(token)
-        logits.append(step_logits)
-    generate.generate_recurrent(model, prompt, num_tokens, lambda x: x.argmax(-1), on_token, torch.tensor(lengths))
-    logits = torch.stack(logits, 1)  # (B, steps, V): the step at position 1 first
-    return (generate.picks(tokens, lengths, 1, num_tokens),
-            [logits[b, length - 1: length - 1 + num_tokens] for b, length in enumerate(lengths)])
+    lengths = [len(p) for p in prompts]
+    prompt = torch.tensor([p + [0] * (max(lengths) - len(p)) for p in prompts])
+    first = min(lengths)  # the position of the first token yielded
+    steps = list(generate.generate_ragged(model, model.init_state(len(prompts)), prompt, torch.tensor(lengths),
+                                          num_tokens, lambda x: x.argmax(-1)))
+    logits = torch.stack([step_logits for _, step_logits in steps], 1)  # (B, steps, V)
+    return (generate.picks([token for token, _ in steps], lengths, first, num_tokens),
+            [logits[b, length - first: length - first + num_tokens] for b, length in enumerate(lengths)])
 
 
 @pytest.mark.parametrize("kind", ["softmax", "t2r"])

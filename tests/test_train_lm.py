@@ -625,10 +625,6 @@ def test_a_table_written_over_a_folder_is_a_one_line_error(tmp_path):
     assert os.listdir(tmp_path) == ["table.csv"]  # no temporary file left beside it
 
 
-class Enough(Exception):
-    pass
-
-
 def live_tensor_bytes() -> int:
     """Bytes of every tensor storage alive in this process (each storage once, views included)."""
     storages = {}
@@ -648,17 +644,11 @@ def test_generation_holds_the_same_memory_whatever_the_number_of_tokens_asked_fo
                                       feature_size=4, dropout=0.0)).eval())
 
     def held_at_step_20(num_tokens):
-        steps = []
-
-        def on_token(position, token, logits):
-            steps.append(token)
-            if len(steps) == 20:
-                steps[:] = [live_tensor_bytes()]
-                raise Enough
-        with pytest.raises(Enough):
-            generate.generate_recurrent(model, torch.tensor([[1]]), num_tokens, lambda logits: logits.argmax(-1),
-                                        on_token)
-        return steps[0]
+        tokens = generate.generate(model, model.init_state(1), torch.tensor([[1]]), num_tokens,
+                                   lambda logits: logits.argmax(-1))
+        for step, _ in enumerate(tokens, 1):
+            if step == 20:
+                return live_tensor_bytes()
     small, large = held_at_step_20(30), held_at_step_20(10**8)
     print(f"tensors alive at step 20 of 30 tokens: {small:,} B; of 10**8 tokens: {large:,} B")
     assert large == small
