@@ -21,12 +21,13 @@ import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from experiments.claims import (LONGER, NOT_MEASURED, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims,
-                                convergence_checks, group, half_range, model_name, verdict_legend)
+from experiments.claims import (LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, convergence_checks,
+                                model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance
 from experiments.records import read
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
+from experiments.verdicts import NOT_MEASURED, group, half_range
 from support.runtime import UserError, atomic_write, run_main
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
