@@ -58,6 +58,8 @@ TRAIN_MODELS = {
 }
 WINDOW = 64  # the W of the window models
 GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
+CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
+PAIRS = (("t2r32", "proj_only"), ("t2r32_compiled", "proj_only_compiled"))  # section pairs: a step against a step
 
 
 # -----------------------------------------------------------------------------
