@@ -8,7 +8,8 @@ import torch.nn as nn
 
 from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
-from generate import CapturedStep, compile_step
+from generate import CapturedStep
+from support.inference import compile_step
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
 from support.runtime import load_checkpoint
@@ -59,6 +60,8 @@ TRAIN_MODELS = {
 }
 WINDOW = 64  # the W of the window models
 GEN_MODELS = list(dict.fromkeys([*LM_MODELS, *SRU_MODELS, *S2S_MODELS]))  # the names --models accepts
+CAPACITY_MODELS = ("softmax_kv", "t2r32")  # the largest batch at --capacity_length: a KV cache against a state
+PAIRS = (("t2r32", "proj_only"), ("t2r32_compiled", "proj_only_compiled"))  # section pairs: a step against a step
 
 
 # -----------------------------------------------------------------------------

@@ -2,14 +2,20 @@
 The paper's numbers and its claims, each tested against the study's results (experiments/report.py shows
 them). A claim is (what the paper says, the paper's numbers, ours, the verdict), the verdict one of: yes,
 **no**, within noise, inconclusive, carried by one point, n/a or not measured (verdict_legend() says what each means).
+Here: Table 1, Table 2, Fig. 2's speed and the teachers' convergence; Figs. 4-6 in experiments/claims_attention.py,
+the rules that judge them all in experiments/verdicts.py.
 
 The rows here are results/*.csv rows as report.read_results() returns them: dicts with None for an empty cell.
+
+    python -m experiments.report                     # every claim, judged, on results/README.md
 """
 
 import math
 from dataclasses import dataclass
 
+from experiments.claims_attention import MUCH_CLOSER, feature_claims
 from experiments.records import RETRAINED
+from experiments.verdicts import NOT_MEASURED, STRONG, group, half_range, ordering, verdict
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,6 @@ HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
 RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
-NOT_MEASURED = "not measured"
 
 
 def model_name(model: str, init: str) -> str:
@@ -52,57 +57,9 @@ def model_name(model: str, init: str) -> str:
     return NAMES[model] + ("" if model == "softmax" else (" + pretrain" if init == "pretrained" else " + random init"))
 
 
-def group(rows: list, **match) -> list:
-    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-
-
 def mean_of(rows: list, column: str):
     values = [r[column] for r in rows if r.get(column) is not None]
     return sum(values) / len(values) if values else None
-
-
-def half_range(values: list) -> float:
-    """The spread we report for two seeds: half the range, not a confidence interval."""
-    return (max(values) - min(values)) / 2 if values else 0.0
-
-
-def verdict(held: bool) -> str:
-    return "yes" if held else "**no**"
-
-
-def ordering(low: float, high: float, spread: float) -> str:
-    """The verdict on "low is below high": within noise when they differ by no more than `spread`, either way;
-    else yes or **no**."""
-    if abs(high - low) <= spread:
-        return "within noise"
-    return "yes" if low < high else "**no**"
-
-
-def pearson(xs, ys) -> float:
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
-    return sxy / (sxx * syy) ** 0.5 if sxx and syy else float("nan")
-
-
-def ranks(values) -> list:
-    """Ranks from 1, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    rank = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for m in range(i, j + 1):
-            rank[order[m]] = (i + j) / 2 + 1
-        i = j + 1
-    return rank
-
-
-def spearman(xs, ys) -> float:
-    """Spearman's rank correlation: Pearson's on the ranks, so that no single point can carry it."""
-    return pearson(ranks(xs), ranks(ys))
 
 
 # -----------------------------------------------------------------------------
@@ -213,147 +170,6 @@ def softmax_gap_claims(test, spread, paper) -> list:
                            f"{paper('t2r75')} vs {paper('softmax', 'random')}",
                            f"{hybrid:.2f} vs {teacher:.2f} (spread {noise:.2f})", verdict(hybrid - teacher <= noise)))
     return claims
-
-
-# -----------------------------------------------------------------------------
-# Figs. 4-6
-
-def feature_claims(fs: list, att: list, lm: list = ()) -> list:
-    """Figs. 4-6. The k sweep has one seed a k: a gap between two runs is read against the seeds' spread of the
-    same runs at k = 32 in Table 1 (lm rows: T2R + pretrain's and from scratch's, added), and a trend over k on
-    the rank correlation as well as on its ends."""
-    claims = []
-    pre = {r["k"]: r["valid_ppl"] for r in group(fs, variant="pretrained")}
-    rnd = {r["k"]: r["valid_ppl"] for r in group(fs, variant="random")}
-    ks = sorted(set(pre) & set(rnd))
-    fig4 = ("Fig. 4: pretraining beats random init at every k, most at small k",
-            "pretrain below random at every k; the gap grows as k shrinks")
-    if len(ks) >= 2:
-        gaps = {k: rnd[k] - pre[k] for k in ks}
-        noise = sum(half_range([r["valid_ppl"] for r in group(lm, model="t2r", init=init)]) for init in
-                    ("pretrained", "random"))
-        rho = spearman(ks, [gaps[k] for k in ks])
-        claims.append((*fig4, ", ".join(f"k={k}: {gaps[k]:+.1f}" for k in ks) + f" ppl (random - pretrain); "
-                       f"Spearman rho (k, gap) = {rho:.2f}; the seeds' spread {noise:.2f}",
-                       small_k_verdict(gaps, rho, noise)))
-    elif pre:
-        claims.append((*fig4, f"both inits measured at {len(ks)} k (needs 2 or more)", NOT_MEASURED))
-    return claims + distance_claims(att) + entropy_claims(att)
-
-
-def small_k_verdict(gaps: dict, rho: float, noise: float) -> str:
-    """Below at every k (each gap beyond the noise), and most at small k (the gap falling with k: a strong negative
-    rank correlation, and the smallest k's gap beyond the largest's by more than the noise). A gap or a trend inside
-    the noise is neither: inconclusive."""
-    ks = sorted(gaps)
-    if min(gaps.values()) < -noise or (rho >= STRONG and gaps[ks[-1]] - gaps[ks[0]] > noise):
-        return "**no**"
-    if min(gaps.values()) > noise and rho <= -STRONG and gaps[ks[0]] - gaps[ks[-1]] > noise:
-        return "yes"
-    return "inconclusive"
-
-
-def by_k(att: list, stage: str, column: str) -> dict:
-    return {r["k"]: r[column] for r in group(att, stage=stage) if r[column] is not None}
-
-
-MUCH_CLOSER = 0.5  # "much closer": the distance at least halved at every k
-
-
-def distance_claims(att: list) -> list:
-    before, tuned = by_k(att, "before_finetuning", "distance"), by_k(att, "finetuned", "distance")
-    frozen = by_k(att, "mlp_frozen", "distance")
-    ks = sorted(set(before) & set(tuned) & set(frozen))
-    if not ks:
-        return []
-    change = {k: tuned[k] / before[k] - 1 for k in ks}
-    # the k-trend is only read where it exceeds how much the starting points (before finetuning) already differ
-    trend, noise = tuned[ks[-1]] - tuned[ks[0]], half_range(list(before.values()))
-    return [("Fig. 5: finetuning makes the attention much closer to the teacher's (at least halves the distance)",
-             "distance after finetuning far below before, at every k",
-             ", ".join(f"k={k}: {before[k]:.4f} -> {tuned[k]:.4f} ({100 * change[k]:+.0f}%)" for k in ks),
-             verdict(all(c <= -MUCH_CLOSER for c in change.values()))),
-            ("Fig. 5: the distance shrinks as k grows (largest k against smallest, against the spread of the "
-             "starting points)", "decreasing in k",
-             ", ".join(f"{tuned[k]:.4f}" for k in ks) + f" for k = {', '.join(map(str, ks))}: k={ks[0]} -> {ks[-1]} "
-             f"{trend:+.4f}, against {noise:.4f}, half the range of the distances before finetuning (one seed a k)",
-             ordering(tuned[ks[-1]], tuned[ks[0]], noise)),
-            ("Fig. 5: with the MLP frozen the distance is larger", "frozen above full finetuning at every k",
-             ", ".join(f"k={k}: {frozen[k]:.4f} vs {tuned[k]:.4f}" for k in ks),
-             verdict(all(frozen[k] > tuned[k] for k in ks)))]
-
-
-def entropy_claims(att: list) -> list:
-    tuned, rand = by_k(att, "finetuned", "entropy"), by_k(att, "random_init", "entropy")
-    ks = sorted(set(tuned) & set(rand))
-    claims = []
-    if ks:
-        noise = wander({k: tuned[k] for k in ks}) + wander({k: rand[k] for k in ks})
-        held = "**no**" if any(tuned[k] - rand[k] > noise for k in ks) else \
-            "yes" if all(rand[k] - tuned[k] > noise for k in ks) else "inconclusive"
-        claims.append(("Fig. 6: pretraining gives peakier (lower-entropy) attention",
-                       "pretrain below random at every k",
-                       ", ".join(f"k={k}: {tuned[k]:.2f} vs {rand[k]:.2f}" for k in ks)
-                       + (" only" if len(ks) == 1 else f"; one seed a k, wandering {noise:.2f} between neighbours"),
-                       held))
-    if len(tuned) >= 2:
-        claims.append(entropy_trend_claim(tuned, rand))
-    pairs = [(r["entropy"], r["valid_ppl"]) for r in att if r["stage"] in ("finetuned", "random_init")
-             and r["entropy"] is not None and r["valid_ppl"] is not None]
-    if len(pairs) >= 4:
-        claims.append(correlation_claim(pairs))
-    return claims
-
-
-def wander(line: dict) -> float:
-    """How far a line with one seed a k moves against its own direction (its ends') between neighbouring k: its
-    largest such step, the noise its single seeds show; 0 for a line that only moves one way."""
-    ks = sorted(line)
-    direction = 1 if line[ks[-1]] >= line[ks[0]] else -1
-    return max([0.0] + [(line[a] - line[b]) * direction for a, b in zip(ks, ks[1:])])
-
-
-def falling(line: dict) -> str:
-    """A trend over k on one seed a k: falling where the rank correlation with k is strongly negative and the ends
-    differ by more than the line wanders; rising the same way up; else inconclusive."""
-    ks = sorted(line)
-    rho, change = spearman(ks, [line[k] for k in ks]), line[ks[-1]] - line[ks[0]]
-    if rho <= -STRONG and -change > wander(line):
-        return "yes"
-    return "**no**" if rho >= STRONG and change > wander(line) else "inconclusive"
-
-
-def entropy_trend_claim(tuned: dict, rand: dict) -> tuple:
-    """Entropy against k on each line measured at two k or more (random init's only once it is): a line measured
-    at one k has no trend to judge. Judged on the whole line (falling()), not on its ends alone."""
-    lines = {"pretrain": tuned, **({"random": rand} if len(rand) >= 2 else {})}
-    found = {name: falling(e) for name, e in lines.items()}
-    ours = ", ".join(f"{name} {e[min(e)]:.2f} -> {e[max(e)]:.2f} (k={min(e)} -> {max(e)}; rho "
-                     f"{spearman(sorted(e), [e[k] for k in sorted(e)]):.2f}, wandering {wander(e):.2f})"
-                     for name, e in lines.items())
-    if len(lines) == 1:
-        ours += f"; random init at {len(rand)} k, not judged"
-    held = "**no**" if "**no**" in found.values() else "yes" if set(found.values()) == {"yes"} else "inconclusive"
-    return ("Fig. 6: entropy falls as k grows (the trend over k, against how much one seed a k wanders)",
-            "decreasing in k (pretrain and random)", ours, held)
-
-
-STRONG = 0.7  # a strong correlation: rank correlation of at least this (over 5 points rho moves in steps of 0.1)
-
-
-def correlation_claim(pairs: list) -> tuple:
-    """Judged on the rank correlation, and again with each point left out: strong only when no single point
-    carries it. Pearson's r beside it, with its own leave-one-out range."""
-    xs, ys = zip(*pairs)
-    rho, r = spearman(xs, ys), pearson(xs, ys)
-    leave_one_out = lambda f: [f(*zip(*(pairs[:i] + pairs[i + 1:]))) for i in range(len(pairs))]
-    rho_out, r_out = leave_one_out(spearman), leave_one_out(pearson)
-    strong = lambda x: round(x, 2) >= STRONG  # as reported: 0.7 in floating point can read 0.6999999999999998
-    held = "yes" if strong(min(rho_out)) else "carried by one point" if strong(rho) else "**no**"
-    return ("Fig. 6: entropy correlates with validation perplexity (rank correlation, any one point left out)",
-            "strong correlation",
-            f"Spearman rho = {rho:.2f} ({min(rho_out):.2f} to {max(rho_out):.2f} with any one point left out); "
-            f"Pearson r = {r:.2f} ({min(r_out):.2f} to {max(r_out):.2f}) over {len(pairs)} T2R models", held)
 
 
 # -----------------------------------------------------------------------------

@@ -18,7 +18,9 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from experiments.study import Run, execute, machine, read_json, run_state
+from experiments.records import machine
+from experiments.runs import Run, read_json, run_state
+from experiments.study import execute
 from support.runtime import Distributed, atomic_write, run_main, write_json
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).

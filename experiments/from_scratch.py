@@ -19,7 +19,9 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from experiments.study import Run, execute, machine, read_json, run_state
+from experiments.records import machine
+from experiments.runs import Run, read_json, run_state
+from experiments.study import execute
 from support.runtime import UserError, atomic_write, run_main
 
 # row name -> (train_lm.py flags, the bench.py model that decodes like it)

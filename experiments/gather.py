@@ -14,7 +14,7 @@ from sacrebleu.metrics import BLEU
 from experiments.claims import RETRAINED_TEACHER
 from experiments.probes import MAIN_K, attention_checkpoints
 from experiments.records import RETRAINED
-from experiments.study import read_json, shorten, state
+from experiments.runs import read_json, shorten, state
 from support.runtime import UserError, write_csv, write_json
 
 

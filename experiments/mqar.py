@@ -30,7 +30,10 @@ import torch
 
 import train_lm
 from support.run_files import open_run
+from experiments.plots import plot_mqar
+from experiments.provenance import mqar_provenance
 from experiments.records import machine
+from experiments.sizes import MQAR_SIZES
 from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
                              write_csv, write_json)
 from support.training import Task, train
@@ -113,20 +116,9 @@ def plan(window: int, ks=(8, 16, 32, 64)) -> list:
     return runs + [Run("t2r32 from scratch", attn="t2r", k=32), Run("sru++ from scratch", arch="sru++")]
 
 
-# The full size: a 2-layer teacher that learns the task on a CPU. Softmax attention recalls once a first-layer head
-# attends to the previous token (a value's key) and a second-layer head matches a query with it; until then it sits at
-# 1/N (a value of the sequence, not the key's). Measured (2026-11-25, 2-core EPYC, 4-16 pairs at length 64, lr 1e-3,
-# batch 64): with the embedding scaled by sqrt(d) it left 1/N at step 2,250 and recalled 0.98 at 16 pairs by 2,750;
-# unscaled it sat at 1/N to step 5,500 (d = 64, 2 heads: at chance for 1,500). So a model trained from scratch (the
-# teacher, and T2R and SRU++ at its budget) sees the short sequences for its first `curriculum` steps, then every
-# length; a step holds the same number of tokens at every length (batch_size sequences of 64 tokens, half as many of
-# 128, ...). With 3,000 steps of every length after the curriculum the teacher recalled 1.00 to 16 pairs, 0.95 at 32
-# and 0.48 at 64: it trains 7,000.
-SIZES = {"full": dict(d_model=128, n_head=4, n_layer=2, teacher_steps=10000, curriculum=3000, finetune_steps=600,
-                      transfer_steps=200, batch_size=64, eval_sequences=256, lr=1e-3, window=16),
-         "quick": dict(d_model=16, n_head=2, n_layer=2, teacher_steps=6, curriculum=3, finetune_steps=3,
-                       transfer_steps=2, batch_size=4, eval_sequences=8, lr=2e-3, window=16)}
-SHORT = [n for n in PAIRS if length_for(n) == length_for(PAIRS[0])]  # the curriculum's pair counts (4, 8, 16)
+# A model trained from scratch sees only the shortest sequences for its first `curriculum` steps (experiments/sizes.py
+# says why): these pair counts (4, 8, 16)
+SHORT = [n for n in PAIRS if length_for(n) == length_for(PAIRS[0])]
 
 
 class MQARTask(Task):
@@ -233,7 +225,7 @@ def get_args(argv=None):
 
 def main(argv=None):
     args = get_args(argv)
-    size = SIZES["quick" if args.quick else "full"]
+    size = MQAR_SIZES["quick" if args.quick else "full"]
     runs = plan(size["window"])
     if args.dry_run:
         for run in runs:
@@ -254,9 +246,7 @@ def main(argv=None):
                                                                      len(PAIRS), 1)}
     write_json(os.path.splitext(args.csv)[0] + ".json", where)
     figure = os.path.splitext(args.csv)[0] + ".png"
-    try:
-        from experiments.plots import plot_mqar
-        from experiments.report import mqar_provenance
+    try:  # matplotlib is imported as the figure is drawn
         plot_mqar(rows, mqar_provenance(where).replace("`", ""), figure)
     except ImportError:
         figure = "no figure (pip install matplotlib)"

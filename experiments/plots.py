@@ -9,7 +9,8 @@ machine and date at its foot:
 """
 
 import math
-from experiments.claims import group, model_name
+from experiments.claims import model_name
+from experiments.verdicts import group
 from support.runtime import atomic_write
 
 

@@ -21,10 +21,13 @@ import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from experiments.claims import (LONGER, NOT_MEASURED, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims,
-                                convergence_checks, group, half_range, model_name, verdict_legend)
+from experiments.claims import (LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, convergence_checks,
+                                model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_mqar
+from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance
 from experiments.records import read
+from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
+from experiments.verdicts import NOT_MEASURED, group, half_range
 from support.runtime import UserError, atomic_write, run_main
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
@@ -78,40 +81,6 @@ def read_results(results_dir: str) -> dict:
 
 def feature_sizes_of(results: dict) -> list:
     return sorted({r["k"] for r in results["fs"] + results["att"] if r["k"] is not None})
-
-
-# -----------------------------------------------------------------------------
-# Where the numbers come from
-
-def machine_lines(machine: dict) -> list:
-    """One line per machine the runs ran on: device, threads, torch, date, how many runs."""
-    lines = []
-    for m in machine.get("machines", []):
-        where = (f"{m['device']}, {count(m['threads'], 'thread')}, torch {m['torch']}, {m['date']}"
-                 if m.get("device") else "not recorded")
-        lines.append(f"{where}: {count(m['runs'], 'run')}")
-    return lines or ["not recorded"]
-
-
-def count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def provenance(machine: dict) -> str:
-    """The command, machine and date in one line (under each figure, on each plot)."""
-    if not machine.get("command"):
-        return "an unrecorded command on an unrecorded machine (no machine.json)"
-    return f"`{machine['command']}` on {'; '.join(machine_lines(machine))}"
-
-
-def partial_banner(machine: dict) -> list:
-    done, total = machine.get("runs_finished"), machine.get("runs_planned")
-    analysed, planned = machine.get("attention_models", [0, 0])
-    if done == total and analysed == planned:
-        return []
-    attention = f", the attention of {analysed} of {planned} models analysed" if analysed < planned else ""
-    return [f"**Partial: {done} of {total} runs finished{attention}. Missing rows are runs not yet made; a verdict "
-            f"can change when they are.**", ""]
 
 
 # -----------------------------------------------------------------------------
@@ -208,8 +177,8 @@ def mqar_section(results: dict, figure) -> list:
     rows, where = results["mqar"], results["mqar_machine"]
     if not rows:
         return []
-    from experiments.mqar import SIZES  # the sizes of the command that wrote the CSV
-    size = SIZES["quick" if "--quick" in where.get("command", "") else "full"]
+    # the sizes of the command that wrote the CSV
+    size = MQAR_SIZES["quick" if "--quick" in where.get("command", "") else "full"]
     pairs, longest = sorted({r["pairs"] for r in rows}), max(r["length"] for r in rows)
     lines = ["## What a fixed state forgets: associative recall (MQAR)", "",
              "Multi-query associative recall (Arora et al., 2023): a sequence lists N key-value pairs, then asks for "
@@ -229,13 +198,6 @@ def mqar_section(results: dict, figure) -> list:
                      " | ".join(f"{mine[n]['accuracy']:.3f}" if n in mine else "-" for n in pairs) + " |")
     return lines + ["", *mqar_reading(rows), "",
                     *figure("mqar.png", "What a fixed state forgets", "mqar.csv", mqar_provenance(where))]
-
-
-def mqar_provenance(where: dict) -> str:
-    if not where:
-        return "an unrecorded command on an unrecorded machine (no mqar.json)"
-    return (f"`{where['command']}` on {where['device']}, {count(where['threads'], 'thread')}, torch "
-            f"{where['torch']}, {where['date']} ({where['train_minutes']:.0f} minutes of training)")
 
 
 FEW_PAIRS = 8  # MQAR's "few pairs": where a state of the smallest k still has room to spare
@@ -321,8 +283,7 @@ FILES = [  # (file, one row per, its columns), the last table of the page
 
 
 def model_sizes() -> str:
-    """The study's models, from its plan (experiments/study.py), at the top: the numbers below are theirs."""
-    from experiments.study import LM_SIZES, MT_SIZES
+    """The study's models (experiments/sizes.py), at the top: the numbers below are theirs."""
     lm, mt = LM_SIZES["full"]["model"], MT_SIZES["full"]["model"]
     return (f"The models: a {lm['n_layer']}-layer language model, d_model {lm['d_model']}, {lm['n_head']} heads of "
             f"{lm['d_model'] // lm['n_head']}, feed-forward {lm['d_ff']} (the paper: 32 layers, 1024, 8 heads of 128, "

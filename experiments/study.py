@@ -25,42 +25,27 @@ results/runs/ carrying the finished runs. At these sizes the LM teacher is measu
 The claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from experiments.claims import LONGER  # the row of T2R from scratch for the conversion's total steps
+from experiments.gather import gather
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import UNCHECKED, Records, machine, same_value, weights_of
+from experiments.report import write_report
+from experiments.runs import ROOT, Run, missing_probes, read_json, shorten, state, trained
+from experiments.sizes import LM_LR, LM_SIZES, MT_LR, MT_SIZES
 from support.configs import feature_sizes
 from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from t2r import Config
 
 # -----------------------------------------------------------------------------
-# The plan. Language model: a 4-layer, 128-wide transformer with 2 heads of 64 dimensions (so ELU's k = 64
-# is twice T2R's 32, as 128 against 32 in the paper), trained on PTB. Finetuning gets a fifth of the pretraining
-# steps at half the learning rate (the paper's finetuning took about a fifth of the GPU hours of training from
-# scratch, Table 1, at a lower rate, appendix Tables 3-4). 2400 steps (10.6 epochs) because 1200 left the teacher
-# 2.8% better over its last fifth, short of the convergence rule of experiments/claims.py (less than 1%); 2400 still
-# left it 2.3% better, so the rule's verdict on it is "not converged". Measured on this 2-core CPU (2026-11-23):
-# doubling 1200 -> 2400 steps lowered its validation perplexity 23% (182.80 -> 141.42), and without dropout it did
-# not overfit sooner (at step 900 of 1200 still 2.6% better per 100 steps), so its plateau lies several doublings
-# beyond a 6-hour study. What 2400 steps does give: a teacher 6.8% ahead of T2R from scratch at the same budget
-# (141.42 against 151.71; the paper's: 18.5 against 20.8, 11%), so that conversion has something to hand over.
+# The plan. Language model: Table 1 and Fig. 4, on PTB, at the sizes and budgets of experiments/sizes.py (which
+# says why they are what they are).
 
-LM_SIZES = dict(full=dict(model=dict(n_layer=4, n_head=2, d_model=128, d_ff=512),
-                          train=dict(batch_size=8, block_size=512, dropout=0.1),
-                          pretrain_steps=2400, finetune_steps=480, eval_interval=100, transfer_steps=100, window=64),
-                quick=dict(model=dict(n_layer=4, n_head=2, d_model=32, d_ff=64),
-                           train=dict(batch_size=2, block_size=64, dropout=0.1, eval_context=64, eval_score=32,
-                                      eval_windows=2),
-                           pretrain_steps=4, finetune_steps=2, eval_interval=2, transfer_steps=2, window=8))
-LM_LR = dict(pretrain=2e-3, finetune=1e-3)
 RFA_K = 2 * MAIN_K  # RFA's k = 32 random projections, each giving a sin and a cos feature, as in the authors' code
 SEEDS = (0, 1)  # the + pretrain rows run with each; the others with the first
 # The + pretrain rows beyond T2R, ELU and RFA: model name -> the flags that make it (the sizes from LM_SIZES)
@@ -71,19 +56,6 @@ CONVERSIONS = {
     "t2r-window": lambda size: {"window": size["window"]},  # softmax over the last W tokens + linear beyond
     "t2r-transfer-window": lambda size: {"transfer_steps": size["transfer_steps"], "window": size["window"]},
 }
-
-
-@dataclass
-class Run:
-    name: str  # the out_dir's last component
-    script: str  # train_lm.py or train_mt.py
-    flags: dict = field(default_factory=dict)  # flag name (no dashes) -> value; True for a switch
-    row: dict = field(default_factory=dict)  # what the results tables say about this run (model, init, k, seed)
-    probes: list = field(default_factory=list)  # (file written into out_dir, argv): what reads it once trained
-
-    @property
-    def out_dir(self) -> str:
-        return self.flags["out_dir"]
 
 
 def lm_runs(out: str, size: dict) -> list:
@@ -139,21 +111,7 @@ def sru_run(out: str, pretrain: dict, size: dict) -> Run:
 
 
 # -----------------------------------------------------------------------------
-# Translation, Table 2: a 3+3-layer, 128-wide translator with 4 heads (ELU's k = 32 in both attentions),
-# on the offline LibreOffice corpus. Finetuning: two thirds of the steps at 0.4x the learning rate, with the same
-# warmup (the paper's Tables 5-6: 20K of 30K updates, 2e-4 against 5e-4, 4000 warmup updates both).
-
-MT_SIZES = dict(full=dict(model=dict(n_layer=3, n_encoder_layer=3, n_head=4, d_model=128, d_ff=512),
-                          train=dict(max_tokens=2048), pretrain_steps=4800, warmup_steps=300, finetune_steps=3200,
-                          eval_interval=240, transfer_steps=150, window=8),
-                quick=dict(model=dict(n_layer=2, n_encoder_layer=2, n_head=4, d_model=32, d_ff=64),
-                           train=dict(max_tokens=512, bleu_sentences=40, snapshot_interval=2, average_last=2),
-                           pretrain_steps=4, warmup_steps=1, finetune_steps=4, eval_interval=2, transfer_steps=2,
-                           window=4))
-# 800 steps at 1e-3 left the teacher at 2.8 test BLEU (validation loss 4.93, still falling fast), 1600 at 2e-3 at
-# 19.1 (the first edition of this study), 2400 at 24.95 with its validation perplexity still 13% better over the
-# last fifth: the teacher now trains 4800 steps (the 2400-step run trained on: its warmup stays 300 steps).
-MT_LR = dict(pretrain=2e-3, finetune=8e-4)
+# Translation, Table 2: on the offline LibreOffice corpus (the sizes and budgets: experiments/sizes.py).
 # RFA at Table 2's 32 (cross) and 4 (causal) random projections: a sin and a cos feature each, as in the authors' code
 MT_FEATURES = {"rfa": {"feature_size": 2 * 4, "cross_feature_size": 2 * 32}}
 
@@ -182,34 +140,6 @@ def mt_runs(out: str, size: dict) -> list:
 
 # -----------------------------------------------------------------------------
 # Running: skip what is done, resume what was interrupted, log each run to <out_dir>/train.log
-
-def run_state(out_dir: str, max_steps: int | None = None) -> str:
-    """done, interrupted, or todo; "shorter" where the run finished with fewer than the plan's `max_steps` (a
-    translator, whose schedule ignores its length, then trains on: see train_mt.py)."""
-    if os.path.isfile(os.path.join(out_dir, "results.json")):
-        saved = os.path.join(out_dir, "args.json")
-        trained = read_json(saved).get("max_steps") if os.path.isfile(saved) else None
-        return "shorter" if max_steps and trained and trained < max_steps else "done"
-    if os.path.isfile(os.path.join(out_dir, "ckpt.pt")):
-        return "interrupted"
-    return "todo"
-
-
-def trained(run: Run) -> str:
-    """The run's training against the plan: a finished translator given more steps is "shorter" (a language model's
-    cosine schedule ends at its --max_steps: train_lm.py refuses to train one on)."""
-    return run_state(run.out_dir, run.flags.get("max_steps") if run.script == "train_mt.py" else None)
-
-
-def state(run: Run) -> str:
-    """trained() but "probe" for a trained run whose probes have not all written their files."""
-    done = trained(run)
-    return "probe" if done == "done" and missing_probes(run) else done
-
-
-def missing_probes(run: Run) -> list:
-    return [(name, argv) for name, argv in run.probes if not os.path.isfile(os.path.join(run.out_dir, name))]
-
 
 def command(run: Run) -> list:
     if state(run) == "probe":
@@ -375,21 +305,12 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
             process.wait()
 
 
-def shorten(path: str) -> str:
-    return os.path.relpath(path, ROOT) if path.startswith(ROOT) else path
-
-
 def summary(results: dict) -> str:
     if "ppl" in results["valid"]:
         score = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
     else:
         score = f"valid BLEU {results['valid']['bleu']:.2f} | test BLEU {results['test']['bleu']:.2f}"
     return f"{score} | {results['train_minutes']:.1f} train minutes"
-
-
-def read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
 
 
 # -----------------------------------------------------------------------------
@@ -420,10 +341,8 @@ def main(argv=None):
     if args.stage in plans:
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
-        from experiments.gather import gather
         gather(results_dir, lm_plan, mt_plan, args.quick)
-        from experiments import report
-        report.write_report(results_dir)
+        write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
 
 

@@ -26,8 +26,8 @@ from typing import Callable
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from support import data
-from support.data import DataError
+from support import corpora
+from support.corpora import DataError
 from support.runtime import atomic_write
 
 SPLITS = ("train", "valid", "test")
@@ -196,13 +196,13 @@ def multi30k_corpus(data_dir: Path, src_lang: str, tgt_lang: str, fetch: Callabl
                 url = MULTI30K_URL.format(name=name, lang=lang)
                 try:
                     with atomic_write(path) as tmp:
-                        (fetch or data.fetch_url)(url, tmp)
+                        (fetch or corpora.fetch_url)(url, tmp)
                 except OSError as error:
                     raise DataError(f"could not download {url} ({error}): put {path.name} in {data_dir} by hand, "
                                     f"or use the offline default --dataset libreoffice") from None
             try:
                 with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as f:
-                    sides.append(data.text_lines(f.read()))
+                    sides.append(corpora.text_lines(f.read()))
             except (OSError, EOFError) as error:
                 raise DataError(f"{path} is corrupt ({error}): delete it and rerun") from None
         corpus[split] = aligned(sides[0], sides[1], f"{data_dir}/{name}.{{{src_lang},{tgt_lang}}}.gz")
@@ -217,7 +217,7 @@ def folder_corpus(folder: Path, src_lang: str, tgt_lang: str) -> dict:
             if not path.is_file():
                 raise DataError(f"{path} is missing: a folder corpus needs train, valid and test files named "
                                 f"<split>.{src_lang} and <split>.{tgt_lang} with one sentence a line")
-        sides = [data.text_lines(read_utf8(path)) for path in paths]
+        sides = [corpora.text_lines(read_utf8(path)) for path in paths]
         corpus[split] = aligned(sides[0], sides[1], f"{folder}/{split}.{{{src_lang},{tgt_lang}}}")
     return corpus
 

@@ -1,6 +1,7 @@
 """
 bench.py runs end to end (--quick, into out/bench-quick) and writes what its docstring promises; its instruments
-(benchmarks/bench_tools.py, benchmarks/bench_report.py) and its ratios are right; bad flags are one-line errors.
+(benchmarks/bench_tools.py, benchmarks/bench_report.py) and its ratios are right; bad flags
+(benchmarks/bench_flags.py) are one-line errors.
 
     python -m pytest -q tests/test_bench.py  # about 20 s on a 2-core CPU, more on a slower machine
 """
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import bench_report, bench_tools
+from benchmarks import bench_flags, bench_report, bench_tools
 from conftest import assert_one_line_error, run, run_in_process
 from t2r import Config, TransformerLM
 
@@ -158,22 +159,22 @@ def test_peak_memory_counts_new_tensors_only():
 
 
 def test_explicit_flags_win_over_quick():
-    args = bench.get_args(["--quick", "--lengths", "32,4", "--out_dir", "elsewhere", "--repeats", "5"])
+    args = bench_flags.get_args(["--quick", "--lengths", "32,4", "--out_dir", "elsewhere", "--repeats", "5"])
     assert (args.lengths, args.out_dir, args.repeats) == ([4, 32], "elsewhere", 5)
-    assert args.s2s_lengths == bench.int_list(bench.QUICK["s2s_lengths"])  # a flag not given: --quick's
-    assert bench.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
+    assert args.s2s_lengths == bench_flags.int_list(bench_flags.QUICK["s2s_lengths"])  # a flag not given: --quick's
+    assert bench_flags.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
 
 
 def test_the_defaults_follow_the_device(monkeypatch):
     """--device auto on a GPU: FULL_CUDA's batch sizes and lengths, and the capacity section (a CPU would swap, not
     run out of memory); on a CPU, FULL's and no capacity."""
-    cpu = bench.get_args(["--device", "cpu"])
-    assert "capacity" not in cpu.only and cpu.batch_sizes == bench.int_list(bench.FULL["batch_sizes"])
+    cpu = bench_flags.get_args(["--device", "cpu"])
+    assert "capacity" not in cpu.only and cpu.batch_sizes == bench_flags.int_list(bench_flags.FULL["batch_sizes"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    gpu = bench.get_args([])
-    assert "capacity" in gpu.only and gpu.batch_sizes == bench.int_list(bench.FULL_CUDA["batch_sizes"]) != \
-        cpu.batch_sizes and gpu.train_lengths == bench.int_list(bench.FULL_CUDA["train_lengths"])
-    assert bench.get_args(["--batch_sizes", "256"]).batch_sizes == [256]
+    gpu = bench_flags.get_args([])
+    assert "capacity" in gpu.only and gpu.batch_sizes == bench_flags.int_list(bench_flags.FULL_CUDA["batch_sizes"]) != \
+        cpu.batch_sizes and gpu.train_lengths == bench_flags.int_list(bench_flags.FULL_CUDA["train_lengths"])
+    assert bench_flags.get_args(["--batch_sizes", "256"]).batch_sizes == [256]
 
 
 @pytest.mark.parametrize("attn, capacity", [("softmax", 64), ("t2r", None)])

@@ -1,5 +1,6 @@
-"""Tests of the study's verdicts (experiments/claims.py) on made-up rows: each claim can say yes, **no**, within
-noise or inconclusive, and the statistics behind them agree with their textbook formulas.
+"""Tests of the study's verdicts (experiments/claims.py, claims_attention.py, verdicts.py) on made-up rows: each
+claim can say yes, **no**, within noise or inconclusive, and the statistics behind them agree with their textbook
+formulas.
 
     python -m pytest -q -s tests/test_claims.py
 """
@@ -11,7 +12,7 @@ import pytest
 import sacrebleu
 
 from conftest import write_parallel
-from experiments import claims, gather, report as study_report, study
+from experiments import claims, claims_attention, gather, report as study_report, study, verdicts
 
 
 def lm_row(model, init, test, seed=0, k=32, minutes=1.0):
@@ -32,35 +33,35 @@ def held_by_claim(found: list) -> dict:
     (1.0, 2.0, 0.5, "yes"), (1.0, 2.0, 1.0, "within noise"), (2.0, 2.0, 0.0, "within noise"),
     (2.5, 2.0, 1.0, "within noise"), (3.0, 2.0, 0.5, "**no**")])
 def test_ordering_verdicts(low, high, spread, expected):
-    assert claims.ordering(low, high, spread) == expected
+    assert verdicts.ordering(low, high, spread) == expected
 
 
 def test_spearman_is_the_textbook_formula_without_ties():
     xs, ys = [1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 1.0, 4.0, 3.0, 5.0]
-    d2 = sum((a - b) ** 2 for a, b in zip(claims.ranks(xs), claims.ranks(ys)))
+    d2 = sum((a - b) ** 2 for a, b in zip(verdicts.ranks(xs), verdicts.ranks(ys)))
     n = len(xs)
     textbook = 1 - 6 * d2 / (n * (n * n - 1))
-    print(f"spearman {claims.spearman(xs, ys)} vs 1 - 6 sum d^2 / (n (n^2 - 1)) = {textbook}")
-    assert claims.spearman(xs, ys) == pytest.approx(textbook, abs=1e-12) == 0.8
+    print(f"spearman {verdicts.spearman(xs, ys)} vs 1 - 6 sum d^2 / (n (n^2 - 1)) = {textbook}")
+    assert verdicts.spearman(xs, ys) == pytest.approx(textbook, abs=1e-12) == 0.8
 
 
 def test_ranks_share_ties():
-    assert claims.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert verdicts.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
 
 
 def test_a_correlation_carried_by_one_point_is_no():
     """Pearson's r is high only because of one far point; the ranks, and leaving it out, show it."""
     pairs = [(1.0, 5.0), (2.0, 3.0), (3.0, 4.0), (4.0, 1.0), (5.0, 2.0), (50.0, 100.0)]
-    claim, _, ours, held = claims.correlation_claim(pairs)
+    claim, _, ours, held = claims_attention.correlation_claim(pairs)
     print(ours)
-    assert claims.pearson(*zip(*pairs)) > 0.9 and held == "**no**"
+    assert verdicts.pearson(*zip(*pairs)) > 0.9 and held == "**no**"
     assert "(-0.80 to 1.00) over 6" in ours  # Pearson without the far point: sxy = -8, sxx = syy = 10
 
 
 def test_a_rank_correlation_that_one_point_carries_says_so():
     """rho = 0.8 over five points, but 0.6 without the middle one."""
     pairs = [(1.0, 2.0), (2.0, 1.0), (3.0, 3.0), (4.0, 5.0), (5.0, 4.0)]
-    _, _, ours, held = claims.correlation_claim(pairs)
+    _, _, ours, held = claims_attention.correlation_claim(pairs)
     print(ours)
     assert held == "carried by one point" and "rho = 0.80 (0.60 to" in ours
 
@@ -265,17 +266,17 @@ def attention_rows(before: dict, tuned: dict, frozen: dict) -> list:
 
 def test_much_closer_needs_the_distance_halved():
     att = attention_rows({4: 0.5, 64: 0.5}, {4: 0.3, 64: 0.2}, {4: 0.4, 64: 0.3})  # -40% and -60%
-    found = claims.distance_claims(att)
+    found = claims_attention.distance_claims(att)
     print(found[0][2])
     assert found[0][3] == "**no**" and "(-40%)" in found[0][2]
     att = attention_rows({4: 0.5, 64: 0.5}, {4: 0.25, 64: 0.2}, {4: 0.4, 64: 0.3})
-    assert claims.distance_claims(att)[0][3] == "yes"
+    assert claims_attention.distance_claims(att)[0][3] == "yes"
 
 
 def test_the_k_trend_inside_the_starting_points_spread_is_within_noise():
     # finetuned: 0.02 lower at k = 64, but the starting points already differ by 0.1 (spread 0.05)
     att = attention_rows({4: 0.6, 64: 0.5}, {4: 0.22, 64: 0.2}, {4: 0.4, 64: 0.3})
-    assert claims.distance_claims(att)[1][3] == "within noise"
+    assert claims_attention.distance_claims(att)[1][3] == "within noise"
 
 
 def test_feature_claims_say_no():
@@ -286,7 +287,7 @@ def test_feature_claims_say_no():
         ("finetuned", 4, 0.6, 3.0, 100.0), ("finetuned", 64, 0.7, 3.5, 100.0),
         ("mlp_frozen", 4, 0.5, 3.0, None), ("mlp_frozen", 64, 0.6, 3.0, None),
         ("random_init", 4, None, 2.0, 101.0), ("random_init", 64, None, 2.5, 110.0))]
-    held = {claim.split(":")[1].strip(): v for claim, _, _, v in claims.feature_claims(fs, att)}
+    held = {claim.split(":")[1].strip(): v for claim, _, _, v in claims_attention.feature_claims(fs, att)}
     print(held)
     assert set(held.values()) == {"**no**"} and len(held) == 7
 
@@ -363,17 +364,17 @@ def test_the_hybrid_closes_the_gap_only_when_what_is_left_is_inside_the_spread(h
 def test_the_entropy_trend_is_judged_on_the_lines_measured_at_two_k_or_more():
     att = [dict(stage="finetuned", k=k, distance=None, entropy=e, valid_ppl=None) for k, e in ((4, 5.0), (64, 4.8))]
     att.append(dict(stage="random_init", k=32, distance=None, entropy=4.9, valid_ppl=None))
-    claim = claims.entropy_claims(att)[-1]
+    claim = claims_attention.entropy_claims(att)[-1]
     print(claim[2])
     assert claim[3] == "yes" and "random init at 1 k, not judged" in claim[2]
     att += [dict(stage="random_init", k=4, distance=None, entropy=4.7, valid_ppl=None)]  # random rises with k
-    assert claims.entropy_claims(att)[-1][3] == "**no**"
+    assert claims_attention.entropy_claims(att)[-1][3] == "**no**"
 
 
 def test_claims_whose_runs_are_missing_are_listed_not_measured():
     fs = [dict(variant="pretrained", k=k, valid_ppl=100.0) for k in (4, 64)] + [dict(variant="random", k=32,
                                                                                       valid_ppl=101.0)]
-    assert [c[3] for c in claims.feature_claims(fs, [])] == [claims.NOT_MEASURED]
+    assert [c[3] for c in claims_attention.feature_claims(fs, [])] == [claims.NOT_MEASURED]
     mt = [mt_row("softmax", "random", 20.0, None), mt_row("t2r", "pretrained", 19.5, None)]
     assert [c[3] for c in claims.mt_claims(mt)] == ["yes", claims.NOT_MEASURED, claims.NOT_MEASURED]
     found = [("a", "", "", "yes"), ("b", "", "", "**no**"), ("c", "", "", claims.NOT_MEASURED)]
@@ -391,7 +392,7 @@ def test_a_bleu_margin_is_judged_on_its_bootstrap_interval(difference, low, high
 def test_a_rank_correlation_at_the_line_with_any_point_left_out_is_strong():
     """Six points whose rho falls to 0.70, the line, and no lower, with any one left out."""
     pairs = [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0), (4.0, 5.0), (5.0, 6.0), (6.0, 4.0)]
-    _, _, ours, held = claims.correlation_claim(pairs)
+    _, _, ours, held = claims_attention.correlation_claim(pairs)
     print(ours)
     assert held == "yes" and "(0.70 to" in ours
 
@@ -418,7 +419,7 @@ def test_fig_4_reads_the_trend_over_k_against_the_seeds_spread(gaps, seeds_sprea
     fs += [dict(variant="random", k=k, valid_ppl=100.0 + g) for k, g in zip((4, 16, 64), gaps)]
     lm = [lm_row("t2r", "pretrained", 100.0, seed) for seed in (0, 1)]
     lm[1]["valid_ppl"] += 2 * seeds_spread  # half the range: the spread
-    claim = claims.feature_claims(fs, [], lm)[0]
+    claim = claims_attention.feature_claims(fs, [], lm)[0]
     print(claim[2])
     assert claim[3] == expected
 
@@ -431,7 +432,7 @@ def test_the_entropy_trend_is_read_over_the_whole_line_against_its_wandering(ran
     """Ends 5.13 -> 5.06 fall, but with one seed a k the line wanders 0.24 between neighbours and its rank
     correlation with k is -0.3: no trend is shown. A line falling all along is one."""
     pretrain = {4: 4.98, 8: 4.92, 16: 4.83, 32: 4.85, 64: 4.84}  # rho -0.7, 0.14 down, wandering 0.02
-    claim = claims.entropy_trend_claim(pretrain, random_line)
+    claim = claims_attention.entropy_trend_claim(pretrain, random_line)
     print(claim[2])
     assert claim[3] == expected
 
@@ -445,6 +446,6 @@ def test_peakier_at_every_k_reads_each_gap_against_how_far_the_lines_wander(rand
     att = [dict(stage=stage, k=k, distance=None, entropy=e, valid_ppl=None) for stage, line in
            (("finetuned", {4: 4.98, 8: 4.92, 16: 4.83, 32: 4.85, 64: 4.84}), ("random_init", random_line))
            for k, e in line.items()]
-    claim = claims.entropy_claims(att)[0]
+    claim = claims_attention.entropy_claims(att)[0]
     print(claim[2])
     assert claim[3] == expected

@@ -1,5 +1,5 @@
-"""Tests of support/data.py: corpora, tokenizers, the token cache, the WikiText-103 download (on a fake archive,
-never the network) and the batches. CPU, a few seconds.
+"""Tests of support/corpora.py and support/data.py: corpora, tokenizers, the token cache, the WikiText-103 download
+(on a fake archive, never the network) and the batches. CPU, a few seconds.
 
     python -m pytest -q -s tests/test_data.py
 """
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from support import data
+from support import corpora, data
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +61,7 @@ def assert_one_line(error: data.DataError, *fragments):
 # Penn Treebank
 
 def test_ptb_counts_vocabulary_and_eos(ptb):
-    texts = data.load_corpus("ptb")
+    texts = corpora.load_corpus("ptb")
     words = {split: len(text.split()) for split, text in texts.items()}
     lines = {split: sum(1 for line in text.split("\n") if line.strip()) for split, text in texts.items()}
     assert words == {"train": 887_521, "valid": 70_390, "test": 78_669}
@@ -76,7 +76,7 @@ def test_ptb_counts_vocabulary_and_eos(ptb):
 
 
 def test_word_round_trip_and_unknown_words(ptb):
-    valid = data.load_corpus("ptb")["valid"].split("\n")[:200]
+    valid = corpora.load_corpus("ptb")["valid"].split("\n")[:200]
     for line in valid:
         line = " ".join(line.split())
         assert ptb.decode(ptb.encode(line)) == line
@@ -85,7 +85,7 @@ def test_word_round_trip_and_unknown_words(ptb):
     unk = ptb.tokenizer.token_to_id("<unk>")
     assert ptb.encode("the zyzzyvaqx said") == [ptb.encode("the")[0], unk, ptb.encode("said")[0]]
     # The fast dict lookup gives exactly what the tokenizers WordLevel + WhitespaceSplit model gives.
-    text = data.load_corpus("ptb")["valid"]
+    text = corpora.load_corpus("ptb")["valid"]
     start = time.time()
     by_tokenizer = ptb.tokenizer.encode(text.replace("\n", " <eos> ")).ids
     seconds = time.time() - start
@@ -196,7 +196,7 @@ def test_a_full_disk_while_the_cache_is_written_is_a_one_line_error(tmp_path, mo
 
 def test_wikitext_file_names_are_accepted(tmp_path):
     wiki_style = write_corpus(tmp_path / "wiki", names=("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"))
-    assert data.load_corpus(wiki_style)["valid"] == "the dog sat\na cat on the log\n"
+    assert corpora.load_corpus(wiki_style)["valid"] == "the dog sat\na cat on the log\n"
 
 
 def no_valid_split(corpus):
@@ -220,7 +220,7 @@ def test_a_damaged_folder_is_a_one_line_error(tmp_path, damage, fragments):
     corpus = write_corpus(tmp_path / "tiny")
     damage(corpus)
     with pytest.raises(data.DataError) as error:
-        data.load_corpus(corpus)
+        corpora.load_corpus(corpus)
     assert_one_line(error.value, *fragments)
 
 
@@ -263,36 +263,36 @@ def test_wikitext103_download_from_mirrors(tmp_path):
 
     folder = tmp_path / "wikitext103"
     mirrors = ("https://dead.example/w.zip", "https://liar.example/w.zip", "https://good.example/w.zip")
-    data.download_wikitext103(folder, mirrors=mirrors, sha256=sha256, fetch=fetch)
+    corpora.download_wikitext103(folder, mirrors=mirrors, sha256=sha256, fetch=fetch)
     assert tried == list(mirrors)
     assert sorted(os.listdir(folder)) == ["wiki.test.tokens", "wiki.train.tokens", "wiki.valid.tokens",
                                           "wikitext-103-v1.zip"]  # no .tmp left behind
-    assert data.load_corpus("wikitext103", str(folder)) == texts
+    assert corpora.load_corpus("wikitext103", str(folder)) == texts
     lm = data.prepare("wikitext103", str(folder), cache_dir=str(tmp_path / "cache"))
     assert lm.decode(lm.train) == "= Title =\n\nthe cat sat on the mat\n\na dog sat on a log\n"
     assert lm.n_words["train"] == 15 + 5  # words + one <eos> a line, blank lines included
     print(f"fake WikiText-103: mirrors tried {tried}, checksum verified, {lm.n_words} tokens")
 
     (folder / "wiki.train.tokens").unlink()  # the verified zip in data_dir is reused, not downloaded
-    data.download_wikitext103(folder, mirrors=(), sha256=sha256, fetch=fetch)
+    corpora.download_wikitext103(folder, mirrors=(), sha256=sha256, fetch=fetch)
     assert (folder / "wiki.train.tokens").read_text() == texts["train"] and len(tried) == 3
     with pytest.raises(data.DataError) as error:
-        data.download_wikitext103(folder, mirrors=(), sha256="0" * 64, fetch=fetch)
+        corpora.download_wikitext103(folder, mirrors=(), sha256="0" * 64, fetch=fetch)
     assert_one_line(error.value, "delete it")
 
 
 def test_wikitext103_offline_explains_manual_download(tmp_path, monkeypatch):
     def offline(url, dest):
         raise urllib.error.URLError("Temporary failure in name resolution")
-    monkeypatch.setattr(data, "fetch_url", offline)  # load_corpus uses the real mirrors and checksum
+    monkeypatch.setattr(corpora, "fetch_url", offline)  # load_corpus uses the real mirrors and checksum
     folder = tmp_path / "wikitext103"
     with pytest.raises(data.DataError) as error:
-        data.load_corpus("wikitext103", str(folder))
+        corpora.load_corpus("wikitext103", str(folder))
     assert_one_line(error.value, "by hand", "wikitext-103-v1.zip", "wiki.train.tokens", str(folder))
     assert os.listdir(folder) == []
     (folder / "wikitext-103-v1.zip").write_bytes(b"this is not a zip")
     with pytest.raises(data.DataError) as error:
-        data.load_corpus("wikitext103", str(folder))
+        corpora.load_corpus("wikitext103", str(folder))
     assert_one_line(error.value, "delete it")
 
 

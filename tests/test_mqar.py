@@ -59,7 +59,7 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     assert first.returncode == 0, first.stderr[-2000:]
     with open(tmp_path / "out/mqar-quick/mqar.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    models = [run.name for run in mqar.plan(mqar.SIZES["quick"]["window"])]
+    models = [run.name for run in mqar.plan(mqar.MQAR_SIZES["quick"]["window"])]
     assert [(r["model"], int(r["pairs"])) for r in rows] == [(m, n) for m in models for n in mqar.PAIRS]
     sizes = {m: [int(r["state_bytes"]) for r in rows if r["model"] == m] for m in models}
     print({m: s[-1] for m, s in sizes.items()})

@@ -7,7 +7,7 @@ import pathlib
 import pytest
 import torch
 
-from generate import inference_model
+from support.inference import inference_model
 from support.runtime import model_from_checkpoint, read_checked
 from t2r import Seq2SeqTransformer
 

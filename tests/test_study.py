@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
-from experiments import analyze_attention, gather, probes, study
+from experiments import analyze_attention, gather, probes, runs, study
 from experiments import report as study_report  # conftest's report() prints a difference
 from support import mt_data
 from support.runtime import UserError
@@ -255,13 +255,13 @@ def test_every_planned_lm_command_parses(tmp_path):
 
 def test_command_writes_each_flag_and_resumes_an_interrupted_run(tmp_path):
     run_ = study.Run("x", "train_lm.py", {"max_steps": 3, "freeze_feature_map": True, "out_dir": str(tmp_path / "x")})
-    assert study.run_state(run_.out_dir) == "todo"
+    assert runs.run_state(run_.out_dir) == "todo"
     assert study.command(run_)[2:] == ["--max_steps", "3", "--freeze_feature_map", "--out_dir", run_.out_dir]
     os.makedirs(tmp_path / "x")
     (tmp_path / "x" / "ckpt.pt").write_bytes(b"")
-    assert study.run_state(run_.out_dir) == "interrupted" and study.command(run_)[-1] == "--resume"
+    assert runs.run_state(run_.out_dir) == "interrupted" and study.command(run_)[-1] == "--resume"
     (tmp_path / "x" / "results.json").write_text("{}")
-    assert study.run_state(run_.out_dir) == "done"
+    assert runs.run_state(run_.out_dir) == "done"
 
 
 def test_a_dry_run_counts_the_runs_kept_under_results_as_done_and_restores_nothing(tmp_path, capsys):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from experiments import study
+from experiments import runs, study
 from experiments.records import Records
 
 # A stand-in for train_lm.py: notes when it ran, whether its teacher was done and how many Ctrl-Cs it got (a real
@@ -74,7 +74,7 @@ def test_a_conversion_starts_after_its_teacher_and_independent_runs_overlap(tmp_
     study.execute([teacher, student, other], dry_run=False, jobs=2)
     assert trace(student)["teacher_done"] and trace(student)["start"] >= trace(teacher)["end"]
     assert trace(other)["start"] < trace(teacher)["end"]  # it did not wait for the teacher
-    assert all(study.run_state(r.out_dir) == "done" for r in (teacher, student, other))
+    assert all(runs.run_state(r.out_dir) == "done" for r in (teacher, student, other))
 
 
 def test_one_job_runs_the_plan_in_its_order(tmp_path):
@@ -154,9 +154,9 @@ def test_a_teacher_given_more_steps_trains_on_before_its_conversions(tmp_path):
     study.execute([teacher], dry_run=False, jobs=1)
     (tmp_path / "teacher" / "args.json").write_text(json.dumps({"max_steps": 4}))
     teacher.flags["max_steps"] = 8
-    assert study.state(teacher) == "done", "a language model's cosine schedule cannot be trained on"
+    assert runs.state(teacher) == "done", "a language model's cosine schedule cannot be trained on"
     teacher.script = "train_mt.py"  # a translator's can
-    assert study.state(teacher) == "shorter" and study.command(teacher)[-1] == "--resume"
+    assert runs.state(teacher) == "shorter" and study.command(teacher)[-1] == "--resume"
     assert not study.ready(student, [teacher, student])
 
 
@@ -196,7 +196,7 @@ def test_a_run_is_probed_after_it_trains_and_done_only_then(tmp_path):
     study.execute([teacher], dry_run=False, jobs=1)
     assert float((tmp_path / "teacher" / "probe.txt").read_text()) >= trace(teacher)["end"]
     os.remove(tmp_path / "teacher" / "probe.txt")
-    assert study.trained(teacher) == "done" and study.state(teacher) == "probe"
+    assert runs.trained(teacher) == "done" and runs.state(teacher) == "probe"
 
 
 def write_weights(path, value: float) -> str:
@@ -223,7 +223,7 @@ def test_a_lost_out_dir_is_restored_from_the_records_and_nothing_retrains(tmp_pa
         json.loads((tmp_path / "records" / "teacher" / "weights.json").read_text())["ckpt.pt"]
     shutil.rmtree(tmp_path / "out")  # a new machine
     study.execute(plan, dry_run=False, jobs=1, records=records)
-    assert all(study.state(r) == "done" and not os.path.exists(os.path.join(r.out_dir, "trace.json")) for r in plan)
+    assert all(runs.state(r) == "done" and not os.path.exists(os.path.join(r.out_dir, "trace.json")) for r in plan)
 
 
 def test_a_kept_teacher_trains_again_for_a_new_conversion_into_its_recorded_weights(tmp_path):
