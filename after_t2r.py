@@ -20,9 +20,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from families import FamilyConfig, FamilyLM, GroupedAttention
-from layers.states import full_precision
+from layers.states import full_precision, widened
 from t2r import (LinearAttention, Seq2SeqTransformer, add_to_state, convert, linear_attention_chunked_sums,
-                 normalize, softmax_attention, widened)
+                 normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -93,7 +93,6 @@ class WindowAttention(LinearAttention):
     """A causal linear-attention layer as the sliding-window hybrid: softmax over the last W tokens, the feature map
     over everything before them, with a learned gate g per head."""
 
-    foldable = False  # the window's softmax needs q and k themselves, which folding (Eq. 8) would not form
 
     def __init__(self, config, kind: str, feature_size: int):
         super().__init__(config, True, kind, feature_size)
@@ -110,6 +109,9 @@ class WindowAttention(LinearAttention):
         if self.chunk_size:
             return window_attention_chunked(q, k, fq, fk, v, self.window, gate, self.chunk_size)
         return window_attention_quadratic(q, k, fq, fk, v, self.window, gate)
+
+    def fold(self):  # nothing: the window's softmax needs q and k themselves, which folding (Eq. 8) would not form
+        pass
 
     def new_tensors(self) -> list:  # the gates are new too
         return super().new_tensors() + ["window_gate"]

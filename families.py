@@ -19,9 +19,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.embedding import Embedding, sinusoidal_positions
-from layers.states import append_to_cache, full_precision, state_dtype
+from layers.projections import stacked_by_head
+from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (FEATURE_MAPS, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerLM, add_to_state, linear_attention_noncausal, read_state, softmax_attention, widened)
+                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, read_state, softmax_attention)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -215,13 +216,9 @@ class GroupedAttention(Attention):
             q, k = rotate(q, *rotation), rotate(k, *rotation)  # features would make them signed
         return q, k, v
 
-    # The recurrent form stacks W_q, W_k, W_v by key/value head: [q of its G query heads | k | v (| 1)]
-    def stack_projections(self, append_one: bool):
-        n, h, parts = self.n_kv_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
-        weights, biases = [p.weight.detach().view(n, -1, h) for p in parts], [bias_of(p).view(n, -1) for p in parts]
-        if append_one:
-            weights, biases = weights + [weights[0].new_zeros(n, 1, h)], biases + [biases[0].new_ones(n, 1)]
-        self.stacked, self.stacked_from = (torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)), parts
+    def stack_projections(self, append_one: bool):  # by key/value head: [q of its G query heads | k | v (| 1)]
+        self.stacked_from = (self.q_proj, self.k_proj, self.v_proj)
+        self.stacked = stacked_by_head(self.stacked_from, self.n_kv_head, append_one)
 
     def project_step(self, x, append_one: bool, rotation=None):
         """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1))."""
@@ -257,7 +254,7 @@ class GroupedLinearAttention(GroupedAttention, LinearAttention):
         super().__init__(config, causal, kind, feature_size)
         if self.group > 1:
             self.feature_map = FEATURE_MAPS[kind](self.n_kv_head, self.d_head, feature_size)
-        self.foldable = not config.rope_theta  # the rotation sits between W_q and W_phi: nothing folds
+        self.rotary = config.rope_theta > 0
 
     def forward(self, x, source=None, key_mask=None, rotation=None):
         q, k, v = self.project(x, x, rotation)
@@ -287,7 +284,9 @@ class GroupedLinearAttention(GroupedAttention, LinearAttention):
         return self.merge_step(out.to(x.dtype))
 
     @torch.no_grad()
-    def fold(self):  # Eq. 8, a query head taking its group's W_phi
+    def fold(self):  # Eq. 8, a query head taking its group's W_phi; with rotary positions the rotation sits between
+        if self.rotary:  # W_q and W_phi (phi reads the rotated q): nothing folds
+            return
         phi = self.feature_map
         for name, H in (("q_proj", self.n_head), ("k_proj", self.n_kv_head)):
             W_phi, b_phi = (p.repeat_interleave(H // self.n_kv_head, 0) for p in (phi.weight, phi.bias))
@@ -344,8 +343,10 @@ class FamilyLM(TransformerLM):
         return nn.Sequential(nn.Linear(c.d_model, c.d_ff, bias=bias), ACTIVATIONS[c.activation](),
                              nn.Dropout(c.dropout), nn.Linear(c.d_ff, c.d_model, bias=bias))
 
-    def make_block(self, kind: str):
-        return FamilyBlock(self.config, self, kind, causal=True)
+    def __init__(self, config: FamilyConfig):  # t2r.TransformerLM's, its blocks given the rotary angles
+        TransformerBase.__init__(self, config)
+        self.layers = nn.ModuleList(FamilyBlock(config, self, kind, causal=True) for kind in config.layer_kinds())
+        self.init_weights()
 
     def forward(self, tokens):  # (B, T) -> (B, T, V)
         x = self.embed(tokens)

@@ -25,13 +25,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers.adaptive import AdaptiveSoftmax
+from layers.adaptive import AdaptiveSoftmax, check_bands
 from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
-from layers.states import append_to_cache, full_precision, state_dtype  # a KV cache's growth; float32 sums
+from layers.projections import stacked_by_head  # the step's q, k, v in one product
+from layers.states import append_to_cache, full_precision, state_dtype, widened  # a KV cache's growth; float32
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
-# The one epsilon rule of every linear form (quadratic, chunked, non-causal, recurrent):
-# ReLU features can all be zero, so the normaliser phi(q).z of Eq. 7 can be zero.
+# The one epsilon rule of every linear form: ReLU features can all be zero, and so the normaliser phi(q).z of Eq. 7
 EPS = 1e-6
 
 
@@ -53,16 +53,15 @@ class Config:
     cross_attn: str = "softmax"     # the decoder's cross attention kind (Seq2SeqTransformer)
     cross_feature_size: int = 32    # k of the cross attention
     pad_id: int = 0                 # padding token of the source (masked out of the cross attention)
-    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input and softmax (layers/adaptive.py): the
-    #                                 vocabulary bands [0, c1), [c1, c2), ... by frequency; [] for none
+    adaptive_cutoffs: list = field(default_factory=list)  # adaptive input, softmax: bands [0, c1), [c1, c2), ...
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
 
     def __post_init__(self):  # one-line errors for what cannot be built
-        for name, least in (("vocab_size", 1), ("n_layer", 1), ("n_head", 1), ("d_model", 1), ("d_ff", 1),
-                            ("n_encoder_layer", 0), ("chunk_size", 0), ("feature_size", 1), ("cross_feature_size", 1),
-                            ("adaptive_factor", 1)):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < least:
-                raise ValueError(f"{name}={getattr(self, name)!r} must be an integer >= {least}")
+        least = dict(vocab_size=1, n_layer=1, n_head=1, d_model=1, d_ff=1, n_encoder_layer=0, chunk_size=0,
+                     feature_size=1, cross_feature_size=1, adaptive_factor=1)
+        wrong = [name for name, n in least.items() if not isinstance(getattr(self, name), int) or getattr(self, name) < n]
+        if wrong:
+            raise ValueError(f"{wrong[0]}={getattr(self, wrong[0])!r} must be an integer >= {least[wrong[0]]}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         self.attn = list(self.attn) if isinstance(self.attn, (list, tuple)) else self.attn
@@ -73,16 +72,8 @@ class Config:
                 raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
             if kind == "rfa" and getattr(self, name) % 2:
                 raise ValueError(f"rfa uses sin and cos features: {name} must be even")
-        self.adaptive_cutoffs, edges = list(self.adaptive_cutoffs), [0, *self.adaptive_cutoffs, self.vocab_size]
-        if self.adaptive_cutoffs and edges != sorted(set(edges)):
-            raise ValueError(f"adaptive_cutoffs={self.adaptive_cutoffs} must increase strictly inside (0, "
-                             f"vocab_size={self.vocab_size})")
-        if self.adaptive_cutoffs and self.d_model // self.adaptive_factor ** len(self.adaptive_cutoffs) < 1:
-            raise ValueError(f"adaptive_factor={self.adaptive_factor} leaves the last band no dimension of "
-                             f"d_model={self.d_model}")
-        if self.adaptive_cutoffs and (self.n_encoder_layer or not self.tie_embeddings):
-            raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, "
-                             "and no encoder")
+        self.adaptive_cutoffs = list(self.adaptive_cutoffs)
+        check_bands(self)  # the adaptive input's and softmax's own rules
 
     def layer_kinds(self) -> list:  # the causal self-attention kind of each decoder layer, bottom to top
         return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
@@ -127,9 +118,9 @@ class EluFeatureMap(nn.Module):
 
 
 class RFAFeatureMap(nn.Module):
-    """Random feature attention (Peng et al., 2021) with a learned temperature per head. For unit vectors x, y,
-    exp(x.y / tau^2) is proportional to a Gaussian kernel, whose random Fourier features are sqrt(1/D) [sin(W x / tau),
-    cos(W x / tau)], W ~ N(0, I) of D = k / 2 rows: redrawn at every training forward pass, fixed (a buffer) in eval."""
+    """Random feature attention (Peng et al., 2021), a learned temperature per head. For unit x, y, exp(x.y / tau^2) is
+    a Gaussian kernel's multiple, whose random Fourier features are sqrt(1/D) [sin(W x / tau), cos(W x / tau)],
+    W ~ N(0, I) of D = k / 2 rows: redrawn at every training forward pass, fixed (a buffer) in eval."""
 
     def __init__(self, n_head: int, d_head: int, feature_size: int):
         super().__init__()
@@ -160,19 +151,13 @@ def normalize(numerator, denominator):
     return numerator / denominator.abs().clamp_min(EPS).unsqueeze(-1)
 
 
-def masked_similarity(fq, fk, causal: bool, key_mask=None):
-    """The (T, S) similarity matrix of Eq. 4, zero where a query may not look."""
+def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
+    """The readable reference: form the (T, S) similarity matrix, zero where a query may not look, and normalise it."""
     sim = fq @ fk.transpose(-1, -2)  # (B, H, T, S), sim~(q_i, k_j) = phi(q_i) . phi(k_j)  (Eq. 3a)
     if causal:
         sim = sim * torch.ones(sim.shape[-2:], dtype=torch.bool, device=sim.device).tril()
     if key_mask is not None:  # (B, S), True at real (not padded) source positions
         sim = sim * key_mask[:, None, None, :]
-    return sim
-
-
-def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
-    """The readable reference: form the similarity matrix and normalise it, O(T S) time and memory."""
-    sim = masked_similarity(fq, fk, causal, key_mask)
     # Eq. 4, first line: out_i = sum_j sim~(q_i, k_j) v_j / sum_l sim~(q_i, k_l)
     return normalize(sim @ v, sim.sum(-1))
 
@@ -186,8 +171,7 @@ def linear_attention_quadratic(fq, fk, v, causal: bool, key_mask=None):
 # A state of k (d + 1) numbers per head replaces the i keys and values a softmax layer keeps.
 
 def linear_attention_step(fq, fk, v, S, z):
-    """One recurrent step, the reference: fq, fk (B, H, k), v (B, H, d); S (B, H, k, d) and z (B, H, k) are updated
-    in place. -> out (B, H, d)"""
+    """The reference step: fq, fk (B, H, k), v (B, H, d); S (B, H, k, d), z (B, H, k), in place -> (B, H, d)"""
     S += fk[..., :, None] * v[..., None, :]  # Eq. 6: S_i = S_{i-1} + phi(k_i) v_i^T
     z += fk  # Eq. 6: z_i = z_{i-1} + phi(k_i)
     return normalize((fq[..., None, :] @ S)[..., 0, :], (fq * z).sum(-1))  # Eq. 7: phi(q_i)^T S_i / phi(q_i)^T z_i
@@ -240,20 +224,15 @@ def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
     Sz.addcmul_(fk.view(B, H, k, 1), v1.view(B, H, 1, d1))  # Eq. 6, as one: [S | z] += phi(k_i) (x) [v_i | 1]
 
 
-def read_state(fq, Sz):  # fq (B, H, G, k): G queries read each head's state -> (B, H, G, d)
+def read_state(fq, Sz):  # fq (B, H, Q, k): Q queries read each head's state -> (B, H, Q, d)
     B, H, k, d1 = Sz.shape
     both = torch.bmm(fq.reshape(B * H, -1, k), Sz.view(B * H, k, d1)).view(B, H, -1, d1)  # phi(q)^T [S | z]
     return normalize(both[..., :-1], both[..., -1])  # Eq. 7
 
 
 # -----------------------------------------------------------------------------
-# Multi-head attention modules. Precision, stated once, here at their boundary: the linear forms sum thousands of
-# positions into S and z, so they run in float32 (float64 for a float64 model) even under autocast, whose bf16
-# keeps 8 significant bits; the projections and feature maps run in the model's precision.
-
-def widened(*tensors):
-    return tuple(t.to(state_dtype(t.dtype)) for t in tensors)
-
+# Multi-head attention modules. Precision, stated once, at their boundary: the linear forms sum thousands of positions
+# into S and z, in float32 (float64 for a float64 model) even under autocast, whose bf16 keeps 8 significant bits.
 
 class Attention(nn.Module):
     """The affine maps of Eq. 1 (q, k, v) and the output projection, shared by every kind."""
@@ -275,14 +254,9 @@ class Attention(nn.Module):
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    # The recurrent form projects a position with W_q, W_k, W_v stacked by head, one product for
-    # [q | k | v (| 1: a zero row, bias 1, for Eq. 6)]; restacked at init_state and after fold.
-    def stack_projections(self, append_one: bool):
-        H, h, parts = self.n_head, self.q_proj.in_features, (self.q_proj, self.k_proj, self.v_proj)
-        weights, biases = [p.weight.detach().view(H, -1, h) for p in parts], [p.bias.detach().view(H, -1) for p in parts]
-        if append_one:
-            weights, biases = weights + [weights[0].new_zeros(H, 1, h)], biases + [biases[0].new_ones(H, 1)]
-        self.stacked, self.stacked_from = (torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)), parts
+    def stack_projections(self, append_one: bool):  # for the recurrent form; again at init_state and after fold
+        self.stacked_from = (self.q_proj, self.k_proj, self.v_proj)
+        self.stacked = stacked_by_head(self.stacked_from, self.n_head, append_one)  # one product a step
 
     def project_step(self, x, append_one: bool):  # (B, h) -> q, k (B, H, 1, w), v (B, H, 1, d (+ 1))
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
@@ -329,7 +303,6 @@ def softmax_attention(q, k, v, causal: bool, key_mask=None):
 
 class LinearAttention(Attention):
     """phi(q).phi(k) attention (Eqs. 3-7) for the t2r, elu and rfa feature maps."""
-    foldable = True  # Eq. 8 applies to a t2r layer
 
     def __init__(self, config: Config, causal: bool, kind: str, feature_size: int):
         super().__init__(config, causal)
@@ -369,8 +342,7 @@ class LinearAttention(Attention):
             out = read_state(fq, state["Sz"])  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
-    def init_cross_state(self, source, key_mask):
-        """[S | z] of the whole (masked) source, computed once per sentence."""
+    def init_cross_state(self, source, key_mask):  # [S | z] of the whole (masked) source, once per sentence
         (fk,) = self.feature_map(self.heads(self.k_proj(source)))
         with full_precision(source.device):
             S, z = source_state(*widened(fk, self.heads(self.v_proj(source))), key_mask)
@@ -382,7 +354,7 @@ class LinearAttention(Attention):
             out = read_state(*widened(fq), state["Sz"])  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
-    def fold(self):  # Eq. 8 (fold_feature_map, below)
+    def fold(self):  # Eq. 8, below
         fold_feature_map(self)
 
     def new_tensors(self) -> list:  # what a conversion adds to the teacher's weights: the feature map's
@@ -393,8 +365,7 @@ class LinearAttention(Attention):
 # The transformer: layers, the language model and the translator
 
 class Block(nn.Module):
-    """Self-attention, optional cross attention, feed-forward; each with a residual and a LayerNorm. `parts` is the
-    model, whose make_* methods build them."""
+    """Self-attention, optional cross attention, feed-forward, each with a residual and a norm, made by `parts`."""
 
     def __init__(self, config: Config, parts, self_kind: str, causal: bool, cross_kind: str | None = None):
         super().__init__()
@@ -491,20 +462,14 @@ class TransformerBase(nn.Module):
             x = layer.step(x, layer_state)
         return self.output(x)
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
 
 class TransformerLM(TransformerBase):
     """Decoder-only language model: model(tokens) -> logits; init_state / step for generation."""
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.layers = nn.ModuleList(self.make_block(kind) for kind in config.layer_kinds())
+        self.layers = nn.ModuleList(Block(config, self, kind, causal=True) for kind in config.layer_kinds())
         self.init_weights()
-
-    def make_block(self, kind: str) -> Block:
-        return Block(self.config, self, kind, causal=True)
 
     def forward(self, tokens):  # (B, T) -> (B, T, V)
         return self.output(self.run_layers(self.layers, self.embed(tokens)))
@@ -524,8 +489,7 @@ class Seq2SeqTransformer(TransformerBase):
         super().__init__(config)
         if config.n_encoder_layer < 1:
             raise ValueError("Seq2SeqTransformer needs n_encoder_layer >= 1")
-        self.encoder = nn.ModuleList(Block(config, self, "softmax", causal=False)
-                                     for _ in range(config.n_encoder_layer))
+        self.encoder = nn.ModuleList(Block(config, self, "softmax", False) for _ in range(config.n_encoder_layer))
         self.encoder_norm = self.make_norm() if config.pre_norm else nn.Identity()
         self.layers = nn.ModuleList(Block(config, self, kind, causal=True, cross_kind=config.cross_attn)
                                     for kind in config.layer_kinds())
@@ -555,15 +519,13 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
             cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None) -> TransformerBase:
     """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
     feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
-    (section 3.2). Finetune the result. build(config) makes the student (a model of the teacher's class if None):
-    where what came after T2R brings its own layers (after_t2r.convert_to_window)."""
+    (section 3.2). Finetune the result. build(config) makes the student, of the teacher's class if None: the seam
+    for what came after T2R (after_t2r.convert_to_window)."""
     config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
     if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
-    if is_folded(model):
-        raise ValueError("this model is folded for inference: convert the unfolded model")
     new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
                          feature_size=feature_size or (4 if is_seq2seq else 32),
                          cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size)
@@ -573,8 +535,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     return student.to(device=p.device, dtype=p.dtype).train(model.training)
 
 
-def new_tensors(model: nn.Module) -> set:
-    """The names of the tensors a conversion added: the feature maps', and what else its layers say they add."""
+def new_tensors(model: nn.Module) -> set:  # the names of what a conversion adds: feature maps (and what else)
     return {f"{name}.{new}" for name, m in model.named_modules() if isinstance(m, LinearAttention)
             for new in m.new_tensors()}
 
@@ -583,26 +544,21 @@ KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer fr
 
 
 def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
-    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax
-    (the paper's "T2R 75%"): from "nth", the 4th, 8th, ... from the top; from "top", the top one, the 5th, 9th, ...
-    0 converts every layer."""
+    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax (the
+    paper's "T2R 75%"): from "nth", the 4th, 8th, ...; from "top", the top one, the 5th, 9th, ... 0: none."""
     if keep_softmax_from not in KEEP_SOFTMAX_FROM:
         raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
-    kinds = [attn] * n_layer
-    if keep_softmax_every:
-        first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, counted from the top
-        for from_top in range(first, n_layer + 1, keep_softmax_every):  # from_top 1 is the top layer
-            kinds[n_layer - from_top] = "softmax"
-        if "softmax" not in kinds:
-            raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
-                             f"softmax (use at most {n_layer}, or keep_softmax_from top)")
-    return kinds
+    first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, 1 being the top one
+    kept = set(range(first, n_layer + 1, keep_softmax_every)) if keep_softmax_every else set()  # counted from the top
+    if keep_softmax_every and not kept:
+        raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
+                         f"softmax (use at most {n_layer}, or keep_softmax_from top)")
+    return ["softmax" if n_layer - i in kept else attn for i in range(n_layer)]
 
 
 @torch.no_grad()
 def copy_pretrained(teacher: nn.Module, student: nn.Module):
-    """Copy every teacher tensor into the student, whose only other tensors may be the new layers' own (else
-    ValueError): the feature maps, and whatever else a linear attention layer says it adds (new_tensors)."""
+    """Copy every teacher tensor into the student, whose only other tensors may be new_tensors (else ValueError)."""
     source, target = teacher.state_dict(), student.state_dict()
     unused, uncovered = sorted(set(source) - set(target)), sorted(set(target) - set(source) - new_tensors(student))
     if unused or uncovered:
@@ -634,8 +590,8 @@ def fold(model: TransformerBase) -> TransformerBase:
     """A copy for inference with every T2R feature map merged into W_q and W_k: the outputs are unchanged."""
     folded = copy.deepcopy(model).eval()
     for module in folded.modules():
-        if isinstance(module, LinearAttention) and module.kind == "t2r" and module.foldable:
-            module.fold()  # fold_feature_map, or a subclass's own
+        if isinstance(module, LinearAttention) and module.kind == "t2r":
+            module.fold()  # fold_feature_map, or a subclass's own (a window layer's: none)
     return folded
 
 

@@ -32,7 +32,7 @@ from support.configs import feature_sizes
 from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
 from layers.states import full_precision, state_dtype
-from t2r import SoftmaxAttention, convert, masked_similarity, normalize
+from t2r import SoftmaxAttention, convert, linear_attention_quadratic, normalize
 
 
 # -----------------------------------------------------------------------------
@@ -52,9 +52,9 @@ def attention_weights(attn, x):
         fq, fk = attn.feature_map(q, k)
         if isinstance(attn, WindowAttention):
             weights = window_weights(q, k, fq, fk, attn.window, attn.window_gate.to(q.dtype).exp())
-        else:
-            weights = masked_similarity(fq, fk, causal=True)
-        return normalize(weights, weights.sum(-1))
+            return normalize(weights, weights.sum(-1))
+        values = torch.eye(x.shape[1], dtype=fq.dtype, device=x.device)  # v_j = e_j: out_i is row i of the weights
+        return linear_attention_quadratic(fq, fk, values, causal=True)
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ def memory(config: FamilyConfig, feature_size: int = FEATURE_SIZE, lengths: tupl
     with torch.device("meta"):
         student = convert(FamilyLM(config), "t2r", feature_size)
         state = state_bytes(student.init_state(batch_size=1))
-    weights = 4 * student.num_params()
+    weights = 4 * sum(p.numel() for p in student.parameters())
     return {"weights": weights, "gradients": weights, "adamw_moments": 2 * weights, "t2r_state": state,
             **{f"kv_cache_{n}": 4 * 2 * config.n_layer * n * config.kv_width() for n in lengths}}
 

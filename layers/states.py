@@ -15,6 +15,10 @@ def state_dtype(dtype: torch.dtype) -> torch.dtype:  # float32, or float64 for a
     return torch.promote_types(dtype, torch.float32)
 
 
+def widened(*tensors) -> tuple:  # each in float32 at least
+    return tuple(t.to(state_dtype(t.dtype)) for t in tensors)
+
+
 def full_precision(device: torch.device):
     """Switch autocast off, so that a state's sums are not silently cast back to bf16/fp16."""
     return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()

@@ -299,7 +299,7 @@ def start(task: Task, model, checkpoint: dict | None):
         set_aside_shorter_run(args.out_dir, p.step)
     if ddp.is_main:
         print_config("model", model.config.to_dict())
-        print(f"parameters: {model.num_params():,}")
+        print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
         write_json(os.path.join(args.out_dir, "args.json"), serializable(vars(args)))
     return model, optimizer, scaler, p
 
