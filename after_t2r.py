@@ -169,12 +169,15 @@ def window_model(config: WindowConfig):
     return (WindowTranslator if config.n_encoder_layer else WindowLM)(config)
 
 
+def window_student(window: int):
+    """t2r.convert's build= for the hybrid of W = window: the student's causal linear layers are window layers
+    (None for 0: the teacher's class)."""
+    return (lambda config: window_model(WindowConfig(**config.to_dict(), window=window))) if window else None
+
+
 def convert_to_window(model, window: int, attn: str = "t2r", **kwargs):
     """t2r.convert, the student's causal linear layers the sliding-window hybrid of W = window (0: plain convert)."""
-    if not window:
-        return convert(model, attn, **kwargs)
-    return convert(model, attn, build=lambda config: window_model(WindowConfig(**config.to_dict(), window=window)),
-                   **kwargs)
+    return convert(model, attn, build=window_student(window), **kwargs)
 
 
 # -----------------------------------------------------------------------------

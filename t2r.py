@@ -516,11 +516,11 @@ class Seq2SeqTransformer(TransformerBase):
 # Swap then finetune (section 2.2)
 
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
-            cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None) -> TransformerBase:
+            cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None, **changes) -> TransformerBase:
     """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
     feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
-    (section 3.2). Finetune the result. build(config) makes the student, of the teacher's class if None: the seam
-    for what came after T2R (after_t2r.convert_to_window)."""
+    (section 3.2). Finetune the result. changes: other fields of the student's config (the finetuning's dropout).
+    build(config) makes the student, of the teacher's class if None: the seam for what came after T2R (after_t2r.py)."""
     config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
@@ -528,7 +528,8 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
     new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
                          feature_size=feature_size or (4 if is_seq2seq else 32),
-                         cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size)
+                         cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size,
+                         **changes)
     student = (build or type(model))(new_config)
     copy_pretrained(model, student)
     p = next(model.parameters())

@@ -14,7 +14,8 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     python train_lm.py --init pretrained --pretrained hf:HuggingFaceTB/SmolLM2-135M   # a Llama (or Qwen2, Mistral)
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
-make_model() shows how the model is made (resumed, converted, or new); support/job.py's run() hands it to the loop.
+train_run() reads top to bottom: the teacher first when missing, the run, the data, the model (resumed, converted
+with t2r.convert, or new), then support/training.py's loop.
 """
 
 import itertools
@@ -23,20 +24,20 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import convert_to_window
+from after_t2r import window_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.configs import build_model, config_of, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
-                         check_training_fits,
-                         announce_conversion, apply_preset, check_teacher, for_finetuning, load_teacher, model_name,
-                         meta_twin, new_model, processes, resolve_run_flags, run)
-from support.run_files import data_identity
+                         announce_conversion, apply_preset, check_teacher, check_training_fits, conversion_errors,
+                         finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name, needs_teacher, new_model,
+                         print_conversion_table, processes, resolve_run_flags, teacher_run_args, trained_on)
+from support.run_files import data_identity, evaluate_finished, open_finished, open_run
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
-from support.training import Task, get_lr
-from t2r import KEEP_SOFTMAX_FROM, Config, new_tensors
+from support.training import Task, get_lr, train
+from t2r import KEEP_SOFTMAX_FROM, Config, convert
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.
@@ -174,36 +175,48 @@ def model_config(args, vocab_size: int) -> Config:
 def main(argv=None):
     args = get_args(argv)
     with processes(args) as ddp:  # one, or torchrun's
-        return run(args, ddp, LMTask, make_model)
+        return train_run(args, ddp)
 
 
-def make_model(task, checkpoint: dict | None):
-    """The model a run trains: resumed, converted from a trained softmax model (--init pretrained), or new."""
-    args = task.args
+def train_run(args, ddp) -> dict:
+    """One run, in order: the softmax teacher (trained first where --init pretrained finds none), the run's folder,
+    the data, the model (resumed, converted from the teacher, or new), then the loop, or --eval_only's evaluation."""
+    teacher_results = None
+    if needs_teacher(args):  # --init pretrained finds no finished teacher: its own run, in its own out_dir, first
+        teacher_results = train_run(teacher_run_args(args, SCHEDULES, LMTask.teacher_overrides(args)), ddp)
+    task = LMTask(args, ddp)
+    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
+    task.load_data(checkpoint)
     torch.manual_seed(args.seed)  # the same initialisation on every process
     if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
         model = model_from_checkpoint(checkpoint, args.out_dir)
+    elif args.init == "pretrained" and args.attn == "softmax":  # a control: the teacher trained on, not swapped
+        model = trained_on(load_lm_teacher(args, task), finetuning(args))
+        announce_conversion(model, args)
     elif args.init == "pretrained":  # section 2.2: swap a trained softmax model's attention, then finetune
-        teacher = for_finetuning(load_lm_teacher(args, task), args)
-
-        def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
-            return t if args.attn == "softmax" else convert_to_window(
-                t, args.window, args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
-                keep_softmax_from=args.keep_softmax_from)  # window 0: t2r.convert
-        try:
-            check_training_fits(task, lambda: student(meta_twin(teacher)))
-            model = student(teacher)
-        except ValueError as error:  # what the teacher alone can refuse, e.g. --keep_softmax_every past its layers
-            raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
+        teacher = load_lm_teacher(args, task)
+        with conversion_errors(args):  # one line for what the teacher refuses (--keep_softmax_every past its layers)
+            check_training_fits(task, lambda: convert(meta_twin(teacher), **conversion(args)))  # its shapes first
+            model = convert(teacher, **conversion(args))
         announce_conversion(model, args)
     elif args.arch == "sru++":  # SRU++ (sru.py), from random initialisation
         model = new_model(task, SRUppLM, sru_config, task.data.vocab_size)
     else:  # a transformer from random initialisation: softmax, or T2R from scratch
         model = new_model(task, build_model, model_config, task.data.vocab_size)
-    frozen = new_tensors(model) if args.freeze_feature_map else set()
-    for name, p in model.named_parameters():  # the paper's "T2R MLP frozen": only W_phi, b_phi stay fixed
-        p.requires_grad_(name not in frozen)
-    return model
+    freeze_feature_maps(model, args.freeze_feature_map)
+    if args.eval_only:
+        return evaluate_finished(task, model, checkpoint)
+    results = train(task, model, checkpoint)
+    if args.init == "pretrained" and not args.resume:
+        print_conversion_table(LMTask, args, ddp, teacher_results, results)
+    return results
+
+
+def conversion(args) -> dict:
+    """t2r.convert's arguments for these flags: the kind and k, the layers kept softmax, the finetuning's dropout,
+    chunks and LayerDrop, and with --window the sliding-window hybrid's student (after_t2r.py)."""
+    return dict(attn=args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
+                keep_softmax_from=args.keep_softmax_from, build=window_student(args.window), **finetuning(args))
 
 
 # -----------------------------------------------------------------------------

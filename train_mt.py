@@ -11,7 +11,8 @@ Train a translator, or convert a trained softmax translator's decoder into an RN
 
 The offline corpus is the LibreOffice help in English and German (support/mt_data.py). The final model averages the
 last snapshots (model.pt); BLEU comes from translate.py's beam search on recurrent states.
-make_model() shows how the model is made (resumed, converted, or new); support/job.py's run() hands it to the loop.
+train_run() reads top to bottom: the teacher first when missing, the run, the data, the model (resumed, converted
+with t2r.convert, or new), then support/training.py's loop.
 """
 
 import glob
@@ -20,19 +21,21 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import convert_to_window
+from after_t2r import window_student
 from support import mt_data
 from support.configs import build_model, config_of, feature_sizes
 from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
-                         apply_preset, check_teacher, check_training_fits, for_finetuning, load_teacher,
-                         meta_twin, model_name, new_model, processes, resolve_run_flags, run)
+                         apply_preset, check_teacher, check_training_fits, finetuning, load_teacher, meta_twin,
+                         model_name, needs_teacher, new_model, print_conversion_table, processes, resolve_run_flags,
+                         teacher_run_args, trained_on)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              model_from_checkpoint, non_negative_int, positive_int, read_checked, run_main,
                              save_checkpoint)
-from support.training import Task, get_lr_inverse_sqrt
-from t2r import Config
+from support.run_files import evaluate_finished, open_finished, open_run
+from support.training import Task, get_lr_inverse_sqrt, train
+from t2r import Config, convert
 from translate import add_decoding_flags, check_decoding_fits, evaluate_bleu
 
 # Schedules of the CPU default. Appendix Tables 5 and 6: finetuning lowers the peak learning rate (5e-4 -> 2e-4)
@@ -111,7 +114,7 @@ class MTTask(Task):
 
     def load_data(self, checkpoint):
         """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: its checkpoint is read and
-        checked here, as self.teacher, for make_model), or a new one."""
+        checked here, kept for take_teacher), or a new one."""
         args, tokenizer_text = self.args, None
         if checkpoint is not None:
             if "tokenizer" not in checkpoint:
@@ -125,6 +128,13 @@ class MTTask(Task):
         self.train_batches = mt_data.make_batches(self.train_examples, args.max_tokens)
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
         print(f"{len(self.train_batches)} training batches of <= {args.max_tokens} tokens")
+
+    def take_teacher(self):
+        """The softmax translator --init pretrained converts, built from the checkpoint load_data read (its tensors
+        are not kept through the training)."""
+        teacher = model_from_checkpoint(self.teacher, self.args.pretrained)
+        del self.teacher
+        return teacher
 
     def identity(self):
         pairs = "\n".join(f"{s}\t{t}" for split in ("train", "valid", "test") for s, t in self.corpus[split])
@@ -208,28 +218,45 @@ class MTTask(Task):
 def main(argv=None):
     args = get_args(argv)
     with processes(args) as ddp:  # one, or torchrun's
-        return run(args, ddp, MTTask, make_model)
+        return train_run(args, ddp)
 
 
-def make_model(task, checkpoint: dict | None):
-    """The translator a run trains: resumed, its decoder converted from a trained softmax translator's (--init
-    pretrained, with the teacher's tokenizer, which load_data took), or new."""
-    args = task.args
+def train_run(args, ddp) -> dict:
+    """One run, in order: the softmax teacher (trained first where --init pretrained finds none), the run's folder,
+    the data (with --init pretrained, the teacher's tokenizer), the translator (resumed, its decoder converted from
+    the teacher's, or new), then the loop, or --eval_only's evaluation."""
+    teacher_results = None
+    if needs_teacher(args):  # --init pretrained finds no finished teacher: its own run, in its own out_dir, first
+        teacher_results = train_run(teacher_run_args(args, SCHEDULES, MTTask.teacher_overrides(args)), ddp)
+    task = MTTask(args, ddp)
+    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
+    task.load_data(checkpoint)
     torch.manual_seed(args.seed)  # the same initialisation on every process
     if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
-        return model_from_checkpoint(checkpoint, args.out_dir)
-    if args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
-        teacher = for_finetuning(model_from_checkpoint(task.teacher, args.pretrained), args)
-        del task.teacher  # the checkpoint's tensors: not kept through the training
-
-        def student(t):  # the swap, of the teacher or (to see that it fits) of its shapes alone
-            return t if args.attn == "softmax" else convert_to_window(
-                t, args.window, args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size)
-        check_training_fits(task, lambda: student(meta_twin(teacher)))
-        model = student(teacher)
+        model = model_from_checkpoint(checkpoint, args.out_dir)
+    elif args.init == "pretrained" and args.attn == "softmax":  # a control: the teacher trained on, not swapped
+        model = trained_on(task.take_teacher(), finetuning(args))
         announce_conversion(model, args)
-        return model
-    return new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())  # random initialisation
+    elif args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
+        teacher = task.take_teacher()
+        check_training_fits(task, lambda: convert(meta_twin(teacher), **conversion(args)))  # its shapes first
+        model = convert(teacher, **conversion(args))
+        announce_conversion(model, args)
+    else:  # random initialisation
+        model = new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())
+    if args.eval_only:
+        return evaluate_finished(task, model, checkpoint)
+    results = train(task, model, checkpoint)
+    if args.init == "pretrained" and not args.resume:
+        print_conversion_table(MTTask, args, ddp, teacher_results, results)
+    return results
+
+
+def conversion(args) -> dict:
+    """t2r.convert's arguments for these flags: the kind, the causal and cross k, the finetuning's dropout and chunks,
+    and with --window the sliding-window hybrid's student (after_t2r.py)."""
+    return dict(attn=args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size,
+                build=window_student(args.window), **finetuning(args))
 
 
 def load_translator_teacher(args):

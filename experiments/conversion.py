@@ -18,10 +18,13 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import torch
+
 from experiments.records import machine
 from experiments.runs import Run, read_json, run_state
 from experiments.study import execute
 from support.runtime import Distributed, atomic_write, run_main, write_json
+from t2r import convert
 
 # Transfer: a third of the finetuning steps (each costs less than a finetuning step: phi alone learns).
 # Window: 64 tokens of the LM's 512; 8 for the translator, shorter than most target sentences, so that the
@@ -75,7 +78,9 @@ def after_swap(task: str, run: Run) -> dict:
     args = module.get_args(argv)
     task_object = (module.LMTask if task == "lm" else module.MTTask)(args, Distributed())
     task_object.load_data(None)
-    model = module.make_model(task_object, None)  # the teacher converted exactly as the run converts it
+    torch.manual_seed(args.seed)  # the teacher converted exactly as the run converts it (train_run)
+    teacher = module.load_lm_teacher(args, task_object) if task == "lm" else task_object.take_teacher()
+    model = convert(teacher, **module.conversion(args))
     results = task_object.report(model.to(task_object.device).eval(), 0.0)
     write_json(path, results)
     return results

@@ -8,18 +8,17 @@ import json
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 
-from support.configs import config_of, feature_sizes
+from support.configs import build_model, config_of, feature_sizes
 from support.hf import is_hf
-from support.run_files import evaluate_finished, open_finished, open_run
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
                              load_checkpoint, non_negative_float, non_negative_int, positive_float, positive_int,
                              print_config, seed, serializable, setup_distributed, take_saved_flags)
-from support.training import train
-from t2r import ATTENTION_KINDS
+from t2r import ATTENTION_KINDS, new_tensors
 
 
 # -----------------------------------------------------------------------------
@@ -184,26 +183,6 @@ def processes(args):
             dist.destroy_process_group()
 
 
-def run(args, ddp, task_class, make_model) -> dict:
-    """One run of a trainer: open --out_dir, load the data, make the model (the trainer's make_model: resumed,
-    converted or new), then train it, or with --eval_only evaluate it again. With --init pretrained and no finished
-    softmax teacher, the teacher's run comes first, and a table shows both."""
-    teacher_results = None
-    if needs_teacher(args):
-        teacher_results = run(teacher_args(args, task_class.SCHEDULES, task_class.teacher_overrides(args)), ddp,
-                              task_class, make_model)
-    task = task_class(args, ddp)
-    checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
-    task.load_data(checkpoint)
-    model = make_model(task, checkpoint)
-    if args.eval_only:
-        return evaluate_finished(task, model, checkpoint)
-    results = train(task, model, checkpoint)
-    if args.init == "pretrained" and not args.resume:
-        print_conversion_table(task_class, args, ddp, teacher_results, results)
-    return results
-
-
 def new_model(task, make, config_of, vocab_size: int):
     """make(config_of(args, vocab_size)): a model from random initialisation, once it is known to fit, with a
     one-line error for flags whose Config cannot be (e.g. --d_model not divisible by --n_head)."""
@@ -253,12 +232,35 @@ def needs_teacher(args) -> bool:
             and not os.path.isfile(args.pretrained))
 
 
-def for_finetuning(teacher, args):
-    """The teacher with the finetuning's dropout, chunk size and LayerDrop in its config: what convert builds the
-    student from. With --attn softmax the teacher itself is finetuned (a control: the budget without the swap)."""
-    teacher.config.dropout, teacher.config.chunk_size = args.dropout, args.chunk_size
-    teacher.config.layer_dropout = getattr(args, "layer_dropout", teacher.config.layer_dropout)
-    return teacher
+def finetuning(args) -> dict:
+    """The config fields a finetuning sets anew on the teacher's: its dropout, chunk size and LayerDrop."""
+    return dict(dropout=args.dropout, chunk_size=args.chunk_size,
+                **({"layer_dropout": args.layer_dropout} if hasattr(args, "layer_dropout") else {}))
+
+
+def trained_on(teacher, changes: dict):
+    """--attn softmax --init pretrained, a control: the teacher itself, finetuned, built with the finetuning's config
+    (its dropout layers too); the random stream is left as the teacher alone left it."""
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(replace(teacher.config, **changes))
+    model.load_state_dict(teacher.state_dict())
+    return model.to(next(teacher.parameters()).device)
+
+
+@contextmanager
+def conversion_errors(args):
+    """What t2r.convert refuses of these flags for this teacher (--keep_softmax_every past its layers), one line."""
+    try:
+        yield
+    except ValueError as error:
+        raise UserError(f"bad conversion flags for {args.pretrained}: {error}") from None
+
+
+def freeze_feature_maps(model, frozen: bool):
+    """The paper's "T2R MLP frozen" (--freeze_feature_map): only W_phi, b_phi stay fixed."""
+    new = new_tensors(model) if frozen else set()
+    for name, p in model.named_parameters():
+        p.requires_grad_(name not in new)
 
 
 def announce_conversion(model, args):
@@ -287,7 +289,7 @@ def teacher_results_file(args) -> str:
     return os.path.join(os.path.dirname(args.pretrained), "results.json")
 
 
-def teacher_args(args, schedules: dict, overrides: dict):
+def teacher_run_args(args, schedules: dict, overrides: dict):
     """The flags of the softmax teacher that --init pretrained converts. Its budget stands to the finetuning
     budget as the paper's pretraining to its finetuning (appendix Tables 3-6): the default schedules' ratio."""
     print(f"no finished softmax teacher at {args.pretrained}: training it first")

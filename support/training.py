@@ -4,9 +4,9 @@ The training loop of both trainers: train(task, model, checkpoint).
     resume exactly, gradient accumulation, DDP, logging, evaluate and save every --eval_interval, --stop_at,
     one run per out_dir (a lock), a NaN guard, Ctrl-C that saves, and the run's identity in every checkpoint
 
-train_lm.py and train_mt.py each define a Task (their data, loss and evaluation) and a make_model; support/job.py's
-run() opens the run (support/run_files.py), makes the model and hands both to train(). Also here: the learning-rate
-schedules and the optimizer.
+train_lm.py and train_mt.py each define a Task (their data, loss and evaluation); their train_run() opens the run
+(support/run_files.py), makes the model and hands both to train(). Also here: the learning-rate schedules and the
+optimizer.
 """
 
 import math

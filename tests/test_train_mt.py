@@ -373,7 +373,7 @@ def test_the_paper_preset_finetunes_with_the_teachers_batch_warmup_and_averaging
     changed = {k for k, v in vars(teacher).items() if vars(student)[k] != v}
     assert changed == {"init", "attn", "out_dir", "lr", "max_steps"}
     assert student.lr < teacher.lr and student.max_steps < teacher.max_steps
-    trained_first = job.teacher_args(student, train_mt_module.SCHEDULES,
+    trained_first = job.teacher_run_args(student, train_mt_module.SCHEDULES,
                                      train_mt_module.MTTask.teacher_overrides(student))
     names = ("lr", "max_steps", "warmup_steps", "grad_accum", "max_tokens", "average_last", "post_norm")
     assert [getattr(trained_first, n) for n in names] == [getattr(teacher, n) for n in names]
