@@ -2,7 +2,8 @@
 
     python -m pytest -q -s test_t2r.py     # -s shows the max differences each test saw
 
-CPU, tiny sizes, no downloads. Equivalences are checked in float64 to 1e-9 and in float32 to 1e-4.
+CPU, tiny sizes, no downloads. Equivalences are checked in float64 to 1e-9 and in float32 to 1e-4. The file stands
+alone: torch, pytest and the model files, with its few helpers below.
 """
 
 import pytest
@@ -10,10 +11,6 @@ import torch
 import torch.nn.functional as F
 
 import t2r
-from conftest import lm_config, make, mt_config, padded_sources, report, step_all, translator_batch
-from experiments import analyze_attention
-from support import runtime
-
 from layers.states import state_bytes
 from t2r import Seq2SeqTransformer, TransformerLM
 
@@ -21,8 +18,60 @@ KINDS = ["softmax", "t2r", "elu", "rfa"]
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}
 
 
-def is_new(name: str) -> bool:  # what a conversion adds: feature maps, window gates
-    return ".feature_map." in name or name.endswith(".window_gate")
+# -----------------------------------------------------------------------------
+# Tiny models, and the few helpers the tests share
+
+def lm_config(kind="softmax", **overrides) -> t2r.Config:
+    """A language model of 2 layers, 37 words, h = 16 in 2 heads (d = 8), k = 6, chunks of 4."""
+    return t2r.Config(**{**dict(vocab_size=37, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=kind,
+                                feature_size=6, chunk_size=4), **overrides})
+
+
+def mt_config(kind="softmax") -> t2r.Config:
+    """A translator: 2 encoder layers more, the decoder's self- and cross-attention of one kind (k = 4 and 6)."""
+    return lm_config(kind, n_encoder_layer=2, cross_attn=kind, feature_size=4, cross_feature_size=6)
+
+
+def make(model_class, config, dtype=torch.float64):
+    """A model in eval mode whose biases are non-zero, as after training (init sets them to zero)."""
+    torch.manual_seed(0)
+    model = model_class(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(std=0.1)
+    return model.to(dtype).eval()
+
+
+def padded_sources(generator, lengths=(7, 4, 1)):
+    """Source sentences of these lengths (words 1 to 36), padded with 0, the pad_id, to the longest."""
+    src = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        src[row, :n] = torch.randint(1, 37, (n,), generator=generator)
+    return src
+
+
+def translator_batch(kind, seed, target_length, dtype=torch.float64):
+    """A tiny translator, padded sources of 7, 4 and 1 words, and targets of target_length words."""
+    g = torch.Generator().manual_seed(seed)
+    model = make(Seq2SeqTransformer, mt_config(kind), dtype)
+    return model, padded_sources(g), torch.randint(1, 37, (3, target_length), generator=g)
+
+
+def step_all(model, state, tokens):
+    """The recurrent form over tokens (B, T), one position at a time: logits (B, T, V)."""
+    return torch.stack([model.step(tokens[:, t], state)[0] for t in range(tokens.shape[1])], dim=1)
+
+
+def report(name, diff) -> float:
+    """Print a maximum difference (every test prints the ones it checks) and return it as a float."""
+    diff = float(torch.as_tensor(diff).detach())
+    print(f"{name}: max |diff| = {diff:.3e}")
+    return diff
+
+
+def is_new(name: str) -> bool:  # what a conversion adds: the feature maps
+    return ".feature_map." in name
 
 
 # -----------------------------------------------------------------------------
@@ -368,7 +417,7 @@ def test_autocast_parallel_keeps_linear_attention_in_float32():
 
 
 # -----------------------------------------------------------------------------
-# RFA randomness and configuration errors
+# RFA randomness and the Config
 
 def test_rfa_redraws_in_training_and_is_fixed_in_eval():
     model = make(TransformerLM, lm_config("rfa"), torch.float32)
@@ -390,36 +439,8 @@ def test_config_errors(overrides, message):
         lm_config(**overrides)
 
 
-def test_config_round_trips_as_a_plain_dict(tmp_path):
+def test_config_saves_as_a_plain_dict(tmp_path):
+    """to_dict gives what torch.load(weights_only=True) reads back, and Config(**it) is the same config."""
     config = lm_config(["t2r", "softmax"])
-    model = TransformerLM(config)
-    torch.save({"config": config.to_dict(), "model": model.state_dict()}, tmp_path / "ckpt.pt")
-    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    rebuilt = runtime.build_model(checkpoint["config"])
-    rebuilt.load_state_dict(checkpoint["model"])
-    assert rebuilt.config == config and isinstance(rebuilt, TransformerLM)
-
-
-# -----------------------------------------------------------------------------
-# Attention weights for the analysis of section 4: rows are distributions, and weights @ v is the output
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_attention_weights_reproduce_the_attention_output(kind):
-    """The (T, T) matrix the analysis reads is the one each form uses implicitly: merge(A v) equals the
-    module's output (the fused softmax kernel, the chunked linear form), and causal rows sum to 1."""
-    model = make(TransformerLM, lm_config(kind, feature_size=6, chunk_size=4))
-    attn = model.layers[0].self_attn
-    x = torch.randn(2, 11, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    weights = analyze_attention.attention_weights(attn, x)  # (B, H, T, T)
-    _, _, v = attn.project(x, x)
-    diff = (attn.merge(weights @ v) - attn(x)).abs().max()
-    assert report(f"{kind}: merge(weights @ v) vs forward", diff) < 1e-12
-    assert weights.triu(1).abs().max() == 0, "a position attends to the future"
-    mass = weights.sum(-1)
-    if kind == "rfa":  # sin/cos features: the shared rule divides by |denominator|, so a row sums to +-1
-        mass = mass.abs()
-    # a T2R query whose ReLU features are all zero attends to nothing (the epsilon rule gives output 0)
-    empty = mass == 0 if kind == "t2r" else torch.zeros_like(mass, dtype=torch.bool)
-    assert report(f"{kind}: rows sum to 1 ({int(empty.sum())} empty)", (mass - 1)[~empty].abs().max()) < 1e-12
-    if kind in ("softmax", "t2r", "elu"):
-        assert weights.min() >= 0
+    torch.save(config.to_dict(), tmp_path / "config.pt")
+    assert t2r.Config(**torch.load(tmp_path / "config.pt", weights_only=True)) == config

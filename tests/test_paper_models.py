@@ -1,6 +1,8 @@
 """Tests of the paper-scale options of t2r.py at tiny sizes: the post-norm translator (appendix Table 5) and the
 adaptive input and softmax of the WikiText-103 model (section 3.2.1), the latter against torch's own
-AdaptiveLogSoftmaxWithLoss loaded with the same weights; the --preset wt103 model's shapes, on the meta device.
+AdaptiveLogSoftmaxWithLoss loaded with the same weights; the --preset wt103 model's shapes, on the meta device. And
+the paper's model as code outside t2r.py reads it: a saved config rebuilt by support/runtime.build_model, the attention
+weights of section 4's analysis (experiments/analyze_attention.py).
 
     python -m pytest -q -s tests/test_paper_models.py
 """
@@ -11,6 +13,8 @@ import torch
 import t2r
 from conftest import (TINY, assert_check_passes, assert_flags_refused, lm_config, make, report, step_all,
                       translator_batch, write_corpus)
+from experiments import analyze_attention
+from support import runtime
 from t2r import TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -151,3 +155,41 @@ def test_layerdrop_skips_every_layer_at_probability_one_in_training_only():
 def test_bad_adaptive_cutoffs_are_refused_before_any_work(capsys, value):
     import train_lm
     assert_flags_refused(train_lm.get_args, ["--adaptive_cutoffs", value], "--adaptive_cutoffs", capsys)
+
+
+# -----------------------------------------------------------------------------
+# A saved config rebuilds its model: support/runtime.build_model picks the class
+
+def test_config_round_trips_as_a_plain_dict(tmp_path):
+    config = lm_config(["t2r", "softmax"])
+    model = TransformerLM(config)
+    torch.save({"config": config.to_dict(), "model": model.state_dict()}, tmp_path / "ckpt.pt")
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    rebuilt = runtime.build_model(checkpoint["config"])
+    rebuilt.load_state_dict(checkpoint["model"])
+    assert rebuilt.config == config and isinstance(rebuilt, TransformerLM)
+
+
+# -----------------------------------------------------------------------------
+# Attention weights for the analysis of section 4: rows are distributions, and weights @ v is the output
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_attention_weights_reproduce_the_attention_output(kind):
+    """The (T, T) matrix the analysis reads is the one each form uses implicitly: merge(A v) equals the
+    module's output (the fused softmax kernel, the chunked linear form), and causal rows sum to 1."""
+    model = make(TransformerLM, lm_config(kind, feature_size=6, chunk_size=4))
+    attn = model.layers[0].self_attn
+    x = torch.randn(2, 11, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    weights = analyze_attention.attention_weights(attn, x)  # (B, H, T, T)
+    _, _, v = attn.project(x, x)
+    diff = (attn.merge(weights @ v) - attn(x)).abs().max()
+    assert report(f"{kind}: merge(weights @ v) vs forward", diff) < 1e-12
+    assert weights.triu(1).abs().max() == 0, "a position attends to the future"
+    mass = weights.sum(-1)
+    if kind == "rfa":  # sin/cos features: the shared rule divides by |denominator|, so a row sums to +-1
+        mass = mass.abs()
+    # a T2R query whose ReLU features are all zero attends to nothing (the epsilon rule gives output 0)
+    empty = mass == 0 if kind == "t2r" else torch.zeros_like(mass, dtype=torch.bool)
+    assert report(f"{kind}: rows sum to 1 ({int(empty.sum())} empty)", (mass - 1)[~empty].abs().max()) < 1e-12
+    if kind in ("softmax", "t2r", "elu"):
+        assert weights.min() >= 0
