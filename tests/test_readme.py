@@ -152,3 +152,10 @@ def test_the_file_map_names_files_that_exist():
         paths += [(folder if text.startswith("  ") else "") + name for name in names]
     missing = [path for path in paths if not os.path.exists(os.path.join(ROOT, path))]
     assert len(paths) > 20 and missing == [], missing
+
+
+def test_dated_figures_live_in_results_not_in_the_tutorial():
+    """A date beside a figure (a timing, a machine's run) belongs to results/measurements.md or the results summary."""
+    tutorial = readme_text().split("\n## Results\n", 1)[0]
+    dated = [line for line in tutorial.splitlines() if re.search(r"\b20\d\d-\d\d-\d\d\b", line)]
+    assert dated == [], f"move these to results/measurements.md and leave a pointer: {dated}"
