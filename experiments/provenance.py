@@ -28,6 +28,17 @@ def provenance(machine: dict) -> str:
     return f"`{machine['command']}` on {'; '.join(machine_lines(machine))}"
 
 
+def short_provenance(machine: dict) -> str:
+    """The command, the runs, the machines and the dates in a few words (the summary; the page has each machine)."""
+    if not machine.get("command"):
+        return provenance(machine)
+    found = machine.get("machines", [])
+    devices = "; ".join(dict.fromkeys(m["device"] for m in found if m.get("device"))) or "an unrecorded machine"
+    dates = sorted({m["date"] for m in found if m.get("date")})
+    when = f", {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "") if dates else ""
+    return f"`{machine['command']}`, {count(sum(m['runs'] for m in found), 'run')} on {devices}{when}"
+
+
 def partial_banner(machine: dict) -> list:
     """The page's warning while runs or attention analyses of the plan are missing (none once all are made)."""
     done, total = machine.get("runs_finished"), machine.get("runs_planned")

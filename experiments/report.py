@@ -24,7 +24,7 @@ ROOT = os.path.dirname(HERE)
 from experiments.claims import (LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, convergence_checks,
                                 model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_mqar
-from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance
+from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
 from experiments.verdicts import NOT_MEASURED, group, half_range
@@ -324,8 +324,28 @@ def results_page(results: dict, claims: list) -> list:
             *[f"| `{f}` | {row} | {cols} |" for f, row, cols in FILES], ""]
 
 
+def scope(results: dict) -> str:
+    """What the checks stand on, in a few words: the corpora, the models' sizes, the seeds, the teachers' convergence."""
+    lm, mt = LM_SIZES["full"]["model"], MT_SIZES["full"]["model"]
+    words = [f"PTB and en-de, {lm['n_layer']}-layer models of d_model {lm['d_model']} (en-de: "
+             f"{mt['n_encoder_layer']}+{mt['n_layer']})"]
+    seeds = sorted({len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER} - {0})
+    if seeds:
+        words.append(f"{' or '.join(map(str, seeds))} seed{'s' * (seeds[-1] > 1)}")
+    checks = convergence_checks(results.get("curves", []))
+    unconverged = [name for name, _, verdict in checks if verdict != "converged"]
+    if checks and not unconverged:
+        words.append("teachers converged")
+    elif len(checks) > 1 and len(unconverged) == len(checks):
+        words.append("teachers not converged")
+    elif unconverged:
+        words.append(f"{unconverged[0]} not converged")
+    return ", ".join(words)
+
+
 def summary_page(results: dict, claims: list, link: str) -> list:
-    """Under 40 lines, for the top-level README: the headline numbers beside the paper's, and every verdict."""
+    """Under 40 lines, for the top-level README: two short lines first (what was checked, how many held, on what
+    scale; the link to the page), then the headline numbers beside the paper's, the runs, and every verdict."""
     lm, mt = results["lm"], results["mt"]
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
@@ -333,8 +353,8 @@ def summary_page(results: dict, claims: list, link: str) -> list:
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
              *partial_banner(results["machine"]),
              f"**{held_count(claims)} checks of the paper's claims held at CPU scale**"
-             f"{f', {waiting} more not measured yet' if waiting else ''} ({provenance(results['machine'])}). "
-             f"Tables, plots and every claim: [{link}]({link}).", "",
+             f"{f', {waiting} more not measured yet' if waiting else ''}: {scope(results)}.",
+             f"Tables, plots, every claim and where each run ran: [{link}]({link}).", "",
              "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
         ppl = [r["test_ppl"] for r in group(lm, model=model, init=init)]
@@ -343,6 +363,7 @@ def summary_page(results: dict, claims: list, link: str) -> list:
         lines.append(f"| {model_name(model, init)} | {mean_spread(ppl)}" + (f" ({paper_lm.test})" if paper_lm else "")
                      + " | " + (f"{bleu[0]['bleu']:.2f}" + (f" ({paper_mt})" if paper_mt else "") if bleu else "-")
                      + " |")
+    lines += ["", f"Made by {short_provenance(results['machine'])}."]
     reading = mqar_reading(results.get("mqar", []))
     if reading:  # what a fixed state forgets, in three lines
         made_by = mqar_provenance(results.get("mqar_machine", {}))

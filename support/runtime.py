@@ -14,7 +14,7 @@ import os
 import sys
 import zlib
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -113,8 +113,19 @@ def device_name(text: str) -> str:
     return text
 
 
-def print_config(title: str, values: dict):
-    print(f"{title}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+def print_config(title: str, values):
+    """One line, `title: name=value, ...`. values: a dict, or a model's config (a dataclass): then only the fields that
+    differ from its class's defaults, and the class named unless it is the paper's Config."""
+    if is_dataclass(values):
+        title, values = (title if type(values).__name__ == "Config" else f"{title} ({type(values).__name__})",
+                         changed_fields(values))
+    print(f"{title}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the defaults"))
+
+
+def changed_fields(config) -> dict:
+    """{field: value} of a config's fields whose value is not its class's default."""
+    defaults = {f.name: f.default_factory() if f.default is MISSING else f.default for f in fields(config)}
+    return {k: v for k, v in config.to_dict().items() if k not in defaults or v != defaults[k]}
 
 
 def explicit_flags(parser, argv) -> set:

@@ -298,7 +298,7 @@ def start(task: Task, model, checkpoint: dict | None):
     if ddp.is_main and checkpoint and p.step < task.steps:
         set_aside_shorter_run(args.out_dir, p.step)
     if ddp.is_main:
-        print_config("model", model.config.to_dict())
+        print_config("model", model.config)  # the fields that differ from the defaults
         print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
         write_json(os.path.join(args.out_dir, "args.json"), serializable(vars(args)))
     return model, optimizer, scaler, p

@@ -451,9 +451,12 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
         regenerated = (tmp_path / name).read_text().replace(os.path.relpath(str(tmp_path), ROOT), "results")
         assert regenerated == committed, f"results/{name} is not what report.py writes: rerun it"
     summary = open(os.path.join(ROOT, "results", "summary.md")).read().splitlines()
-    headline = next(line for line in summary if " claims held at CPU scale" in line).split(" at CPU scale")[0]
+    headline = summary[1:3]  # under the comment: what was checked, how many held, the scope; the link to the page
+    assert " claims held at CPU scale**: " in headline[0] and all(len(line) < 200 for line in headline)
     readme = open(os.path.join(ROOT, "README.md")).read()
-    assert headline in readme, "the README quotes the summary's verdict count"
+    assert "\n## Results\n\n" + "\n".join(headline) + "\n\n" in readme, "the README's results open with the summary's"
+    made_by = next(line for line in summary if line.startswith("Made by "))
+    assert made_by in readme, "the README quotes the summary's command, runs and dates"
     table = "\n".join(line for line in summary if line.startswith("|"))
     assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
     recall = [line for line in summary if line.startswith(("- **Kept**", "- **Lost**", "- **From scratch**"))]

@@ -36,6 +36,7 @@ def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
     print(out.stdout[-1500:])
     assert "training it first" in out.stdout
     assert "| softmax (pretrained) | - |" in out.stdout and "| t2r+pretrain | 8 |" in out.stdout
+    assert "\nmodel: vocab_size=" in out.stdout and "rope_theta" not in out.stdout  # what differs from the defaults
     teacher = torch.load(tmp_path / "out/tiny-softmax-random/ckpt.pt", weights_only=True)
     student = torch.load(tmp_path / "out/tiny-t2r-pretrained/ckpt.pt", weights_only=True)
     assert teacher["step"] == 12 and student["step"] == 6  # the teacher gets twice the finetuning steps
@@ -200,6 +201,20 @@ def test_cuda_on_a_machine_without_it_is_refused(capsys):
     with pytest.raises(SystemExit):
         train_lm.get_args(["--device", "cuda"])
     assert "no such CUDA device" in capsys.readouterr().err
+
+
+def test_a_run_prints_the_model_fields_that_differ_from_the_defaults(capsys):
+    """A run's `model:` line names the config's class unless it is the paper's Config, then what was chosen."""
+    from after_t2r import WindowConfig
+    from families import FamilyConfig
+    from sru import SRUConfig
+    for config in (Config(n_head=2, d_model=128, attn="t2r"), Config(), FamilyConfig(max_positions=1024),
+                   WindowConfig(window=8, attn="t2r", adaptive_cutoffs=[5000]), SRUConfig(d_model=128, attn_every=4)):
+        runtime.print_config("model", config)
+    assert capsys.readouterr().out.splitlines() == [
+        "model: n_head=2, d_model=128, attn=t2r", "model: the defaults", "model (FamilyConfig): max_positions=1024",
+        "model (WindowConfig): attn=t2r, adaptive_cutoffs=[5000], window=8",
+        "model (SRUConfig): d_model=128, d_attn=32, attn_every=4"]  # d_attn: d_model // 4 when not given
 
 
 @pytest.mark.parametrize("temperature", [1e-40, 1e-300])  # 30 / 1e-40 overflows float32; 1e-300 is 0 in float32
