@@ -12,8 +12,6 @@ The rule, by the block's fence and the line right above it:
 - A plain ``` block without the line is not code (a formula, a run's expected output), except the file map under
   "## Files", whose paths exist.
 
-One block is exempt while it reads exactly as STALE below: the make_model excerpt, whose train_lm.py is being
-rewritten. Any other text under its `<!-- from: train_lm.py -->` is checked.
 """
 
 import contextlib
@@ -33,14 +31,6 @@ FROM = re.compile(r"^<!-- from: (\S+) -->$")
 
 # The make_model excerpt as it stood before train_lm.py's main was rewritten; once the README's text changes, the
 # block is checked like any other.
-STALE = '''\
-if checkpoint is not None:                         # --resume: the run in --out_dir
-    model = model_from_checkpoint(checkpoint, args.out_dir)
-elif args.init == "pretrained":                    # section 2.2: swap a trained softmax model's attention
-    model = convert(teacher, args.attn, args.feature_size, ...)
-else:                                              # random initialisation (or --arch sru++)
-    model = new_model(TransformerLM, model_config, args, vocab_size)
-'''
 
 
 def readme_text() -> str:
@@ -80,8 +70,6 @@ def test_the_readme_has_the_blocks_this_file_checks():
 @pytest.mark.parametrize("block", QUOTING, ids=block_id)
 def test_a_quoting_snippet_is_lines_of_the_file_it_names_in_order(block):
     line, _, path, code = block
-    if code == STALE:
-        pytest.skip("the make_model excerpt, exempt until train_lm.py's main is rewritten")
     assert os.path.isfile(os.path.join(ROOT, path)), f"README.md:{line} quotes {path}, which does not exist"
     source = [text.strip() for text in open(os.path.join(ROOT, path), encoding="utf-8")]
     quoted = [text.strip() for text in code.splitlines() if text.strip()]
