@@ -378,8 +378,9 @@ class Block(nn.Module):
         self.norm2 = parts.make_norm()
         self.drop = nn.Dropout(config.dropout)
 
-    def residual(self, x, norm, sublayer):
-        return x + self.drop(sublayer(norm(x))) if self.pre_norm else norm(x + self.drop(sublayer(x)))
+    def residual(self, x, norm, sublayer):  # dropout in training only: at batch 1 a module call costs
+        drop = self.drop if self.training else (lambda y: y)
+        return x + drop(sublayer(norm(x))) if self.pre_norm else norm(x + drop(sublayer(x)))
 
     def forward(self, x, self_mask=None, source=None, source_mask=None):
         """self_mask (B, T): real positions of x (the encoder's padding); source_mask (B, S): of the source."""

@@ -37,6 +37,7 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
                              unit_interval, write_json)
 from support.training import Task, get_lr, train
+from support.transfer import TransferFirst
 from t2r import KEEP_SOFTMAX_FROM, Config, convert
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
@@ -206,6 +207,8 @@ def train_run(args, ddp) -> dict:
     freeze_feature_maps(model, args.freeze_feature_map)
     if args.eval_only:
         return evaluate_finished(task, model, checkpoint)
+    if args.transfer_steps:  # attention transfer first (after_t2r.py), a stage of its own: support/transfer.py
+        task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
     if args.init == "pretrained" and not args.resume:
         print_conversion_table(LMTask, args, ddp, teacher_results, results)
@@ -252,7 +255,7 @@ class LMTask(Task):
     def identity(self):
         return data_identity(self.data)
 
-    def schedule(self, step):
+    def lr(self, step):
         a = self.args
         return get_lr(step, a.lr, a.lr * a.min_lr_ratio, a.warmup_steps, a.max_steps)
 

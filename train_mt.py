@@ -35,6 +35,7 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              save_checkpoint)
 from support.run_files import evaluate_finished, open_finished, open_run
 from support.training import Task, get_lr_inverse_sqrt, train
+from support.transfer import TransferFirst
 from t2r import Config, convert
 from translate import add_decoding_flags, check_decoding_fits, evaluate_bleu
 
@@ -140,7 +141,7 @@ class MTTask(Task):
         pairs = "\n".join(f"{s}\t{t}" for split in ("train", "valid", "test") for s, t in self.corpus[split])
         return {"tokenizer": fingerprint(self.tokenizer.to_str()), "data": fingerprint(pairs)}
 
-    def schedule(self, step):
+    def lr(self, step):
         return get_lr_inverse_sqrt(step, self.args.lr, self.args.warmup_steps)
 
     def batch(self, counter):
@@ -159,8 +160,6 @@ class MTTask(Task):
         return {"tokenizer": self.tokenizer.to_str()}
 
     def after_step(self, model, step):
-        if step <= self.args.transfer_steps:  # snapshots of the finetuning only: they are averaged
-            return
         if self.ddp.is_main and (step % self.args.snapshot_interval == 0 or step == self.steps):
             save_snapshot(model, self.args.out_dir, step, self.args.average_last, self.snapshot_steps)
 
@@ -246,6 +245,8 @@ def train_run(args, ddp) -> dict:
         model = new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())
     if args.eval_only:
         return evaluate_finished(task, model, checkpoint)
+    if args.transfer_steps:  # attention transfer first (after_t2r.py), a stage of its own: support/transfer.py
+        task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
     if args.init == "pretrained" and not args.resume:
         print_conversion_table(MTTask, args, ddp, teacher_results, results)

@@ -37,6 +37,7 @@ from experiments.sizes import MQAR_SIZES
 from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
                              write_csv, write_json)
 from support.training import Task, train
+from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
 from layers.states import state_bytes
 from after_t2r import convert_to_window
@@ -137,7 +138,7 @@ class MQARTask(Task):
     def identity(self):
         return {"data": fingerprint(f"mqar {VOCAB} {PAIRS} {[length_for(n) for n in PAIRS]}")}
 
-    schedule = train_lm.LMTask.schedule  # the language model's warmup and cosine decay
+    lr = train_lm.LMTask.lr  # the language model's warmup and cosine decay
     objective = train_lm.LMTask.objective  # its cross-entropy, which skips the -100 targets: only queries count
 
     def batch(self, counter):
@@ -199,7 +200,8 @@ def train_run(run: Run, size: dict, out_dir: str) -> dict:
                         resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
         task = MQARTask(args, Distributed(), size["eval_sequences"], 0 if run.converted else size["curriculum"])
         checkpoint = open_run(task)
-        train(task, make_model(run, size, checkpoint, args), checkpoint)
+        model = make_model(run, size, checkpoint, args)
+        train(TransferFirst(task, checkpoint) if run.transfer else task, model, checkpoint)  # transfer: its stage first
         task.lock.close()
     with open(results) as f:
         return json.load(f)

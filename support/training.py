@@ -21,7 +21,6 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from after_t2r import attention_transfer, linear_attention_layers
 from support.run_files import check_identity, set_aside_shorter_run, write_results
 from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
                              get_device, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
@@ -85,11 +84,11 @@ class Task:
 
     SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
     generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
-    transfer_errors = 0.0  # the transfer stage's per-layer errors, summed since the last log line
+    trains_part = False  # whether a step may leave some parameters without a gradient (DDP must be told)
 
     def __init__(self, args, ddp: Distributed):
         self.args, self.ddp = args, ddp
-        self.steps = args.transfer_steps + args.max_steps  # the run's optimizer steps, the transfer stage's first
+        self.steps = args.max_steps  # the run's optimizer steps
         self.device = training_device(args.device, ddp)  # where, and in what precision, the loop runs
         self.dtype = resolve_dtype(args.dtype, self.device)
 
@@ -98,8 +97,8 @@ class Task:
         checkpoint of a resumed or evaluated run."""
         raise NotImplementedError
 
-    def schedule(self, step: int) -> float:
-        """The learning rate of the training proper, step counted from its start (after any transfer stage)."""
+    def lr(self, step: int) -> float:
+        """The learning rate of a step."""
         raise NotImplementedError
 
     def batch(self, counter: int) -> tuple:
@@ -111,23 +110,10 @@ class Task:
         """The mean training loss of a batch."""
         raise NotImplementedError
 
-    def lr(self, step: int) -> float:
-        """The attention-transfer stage (the first --transfer_steps steps) has its own warmup and cosine decay."""
-        transfer = self.args.transfer_steps
-        if step < transfer:
-            return get_lr(step, self.args.transfer_lr, 0.1 * self.args.transfer_lr, max(1, transfer // 10), transfer)
-        return self.schedule(step - transfer)
-
     def loss(self, model, step: int, counter: int) -> tuple:
-        """(mean loss, target tokens) of one micro-batch: the task's objective, or in the transfer stage the mean
-        of the layers' attention-transfer errors (only the feature maps and window gates get gradients)."""
+        """(mean loss, target tokens) of one micro-batch: the task's objective."""
         inputs, targets, mask = self.batch(counter)
-        tokens = targets.numel() if mask is None else int(mask.sum())
-        if step < self.args.transfer_steps:
-            errors, _ = attention_transfer(model, *inputs, mask=mask)
-            self.transfer_errors = self.transfer_errors + errors.detach()
-            return errors.mean(), tokens
-        return self.objective(model(*inputs), targets), tokens
+        return self.objective(model(*inputs), targets), targets.numel() if mask is None else int(mask.sum())
 
     def validation_loss(self, model) -> float:
         raise NotImplementedError
@@ -148,12 +134,20 @@ class Task:
     def after_step(self, model, step: int):
         """Called after every optimizer step (a translator saves its snapshots)."""
 
-    def log_transfer(self, model, micro_batches: int):
-        """The transfer stage's log: each layer's mean error since the last log line (this process's batches)."""
-        names = [name.replace("layers.", "").replace("_attn", "") for name, _ in linear_attention_layers(model)]
-        errors = (self.transfer_errors / micro_batches).tolist()  # per layer, e.g. "0.self", "0.cross"
-        tqdm.write("  transfer error by layer: " + ", ".join(f"{n} {e:.2e}" for n, e in zip(names, errors)))
-        self.transfer_errors = 0.0
+    # A stage before the task's own steps (support/transfer.py) speaks through these; a task alone has none
+    def milestone(self, step: int) -> bool:
+        """Whether this step is logged and evaluated whatever the intervals (a stage's last)."""
+        return False
+
+    def stage(self, step: int) -> str:
+        """What the log line calls the stage of this step ("": the task's own)."""
+        return ""
+
+    def after_log(self, model, step: int, micro_batches: int):
+        """Called after each log line, on every process."""
+
+    def after_evaluation(self, model, step: int, train_seconds: float):
+        """Called after each periodic evaluation, untimed."""
 
     def final_model(self, model) -> tuple:
         """(the finished model, what model.pt says about it beyond the common fields)."""
@@ -171,7 +165,6 @@ class Progress:
     step: int = 0
     best_val: float = math.inf  # the best validation loss so far
     train_seconds: float = 0.0  # training and periodic evaluation, over every invocation of the run
-    after_transfer: dict | None = None  # the final evaluation's figures at the end of the transfer stage
     tokens: int = 0  # training target tokens seen, over all processes (under DDP: this process's count x processes)
     curve: list = field(default_factory=list)  # the learning curve: [step, tokens, validation loss] per evaluation
 
@@ -181,7 +174,7 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
     any checkpoint (`checkpoint`: the one open_run returned). Returns the final evaluation ({} when stopped early)."""
     args, ddp, device, dtype = task.args, task.ddp, task.device, task.dtype
     raw_model, optimizer, scaler, p = start(task, model, checkpoint)
-    model = wrap(raw_model, args, device, ddp)
+    model = wrap(raw_model, task, device, ddp)
     bar = tqdm(total=task.steps, initial=p.step, desc=os.path.basename(args.out_dir), dynamic_ncols=True,
                mininterval=2, disable=not (ddp.is_main and sys.stderr.isatty()))  # logs get the step lines only
     t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
@@ -205,13 +198,12 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
             bar.update(1)
             task.after_step(raw_model, p.step)
             last = p.step == task.steps
-            if p.step % args.log_interval == 0 or last or p.step == args.transfer_steps:
+            if p.step % args.log_interval == 0 or last or task.milestone(p.step):
                 check_finite(nonfinite, task, p)
                 log_step(bar, p, task, float(loss_sum) / steps, lr, tokens / (time.time() - t_log))
-                if p.step <= args.transfer_steps and ddp.is_main:
-                    task.log_transfer(raw_model, steps * args.grad_accum)
+                task.after_log(raw_model, p.step, steps * args.grad_accum)
                 t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
-            if p.step % args.eval_interval == 0 or last or p.step == args.transfer_steps:
+            if p.step % args.eval_interval == 0 or last or task.milestone(p.step):
                 check_finite(nonfinite, task, p)
                 t_log += evaluate_and_save(task, raw_model, optimizer, scaler, p)  # left out of the next tok/s
             if ctrl_c.pressed(ddp, device, agree=p.step % args.log_interval == 0):
@@ -229,14 +221,12 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
 
 
 def evaluate_and_save(task: Task, model, optimizer, scaler, p: Progress) -> float:
-    """The validation loss (and at the end of an attention-transfer stage the final evaluation, untimed), then
-    ckpt.pt. Returns the seconds it took."""
+    """The validation loss (and what a stage adds, untimed: after_evaluation), then ckpt.pt. Returns the seconds it
+    took."""
     start_time = time.time()
     validate(task, model, p)
     p.train_seconds += time.time() - start_time
-    if p.step == task.args.transfer_steps:  # the model before finetuning
-        print(f"after the {p.step} steps of attention transfer:")
-        p.after_transfer = task.report(model, p.train_seconds)
+    task.after_evaluation(model, p.step, p.train_seconds)
     save_run(task, model, optimizer, scaler, p)
     return time.time() - start_time
 
@@ -292,7 +282,7 @@ def start(task: Task, model, checkpoint: dict | None):
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
         p = Progress(checkpoint["step"], checkpoint["best_val"], checkpoint["train_seconds"],
-                     checkpoint.get("after_transfer"), checkpoint.get("tokens", 0), checkpoint.get("curve", []))
+                     checkpoint.get("tokens", 0), checkpoint.get("curve", []))
         set_rng_state(checkpoint["rng"][min(ddp.rank, len(checkpoint["rng"]) - 1)], task.generator)
         print(f"resumed {path} at step {p.step} (best validation loss {p.best_val:.4f})")
     if ddp.is_main and checkpoint and p.step < task.steps:
@@ -304,23 +294,22 @@ def start(task: Task, model, checkpoint: dict | None):
     return model, optimizer, scaler, p
 
 
-def wrap(model, args, device, ddp):
+def wrap(model, task, device, ddp):
     """torch.compile (default on CUDA) and DistributedDataParallel under torchrun."""
-    if args.compile if args.compile is not None else device.type == "cuda":
+    if task.args.compile if task.args.compile is not None else device.type == "cuda":
         model = torch.compile(model)
     if ddp.enabled:
         # LayerDrop skips whole layers, whose parameters then get no gradient in that step
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                         find_unused_parameters=getattr(unwrap(model).config, "layer_dropout", 0) > 0
-                                        or args.transfer_steps > 0)  # and the transfer stage trains phi alone
+                                        or task.trains_part)
     return model
 
 
 def log_step(bar, p: Progress, task: Task, loss: float, lr: float, tokens_per_s: float):
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:,.0f}")
     if task.ddp.is_main:
-        stage = " (transfer)" if p.step <= task.args.transfer_steps else ""
-        tqdm.write(f"step {p.step}/{task.steps}{stage} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
+        tqdm.write(f"step {p.step}/{task.steps}{task.stage(p.step)} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
                    f"{p.train_seconds / 60:.1f} min")
 
 
@@ -347,7 +336,7 @@ def save_run(task: Task, model, optimizer, scaler, p: Progress):
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
             "config": model.config.to_dict(), "args": serializable(vars(task.args)), "step": p.step,
             "max_steps": task.steps, "best_val": p.best_val, "rng": rng,
-            "train_seconds": p.train_seconds, "after_transfer": p.after_transfer, "identity": task.run_identity,
+            "train_seconds": p.train_seconds, "identity": task.run_identity,
             "tokens": p.tokens, "curve": p.curve, **task.checkpoint_extras()})
 
 
@@ -361,8 +350,6 @@ def finish(task: Task, model, p: Progress) -> dict:
             "step": p.step, "max_steps": task.steps, "train_seconds": p.train_seconds,
             "identity": task.run_identity, **task.checkpoint_extras(), **about})
     results = task.report(final, p.train_seconds)
-    if results and p.after_transfer:
-        results["after_transfer"] = p.after_transfer
     if results:
         results["curve"] = p.curve  # the learning curve, for plots: [step, training tokens, validation loss]
     return write_results(task, results)
