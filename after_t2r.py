@@ -154,7 +154,8 @@ class WindowLayers:
     def make_attention(self, kind: str, causal: bool, feature_size: int):
         if not causal or kind == "softmax" or not self.config.window:
             return super().make_attention(kind, causal, feature_size)
-        return (GroupedWindowAttention if self.config.is_grouped() else WindowAttention)(self.config, kind, feature_size)
+        layer = GroupedWindowAttention if self.config.is_grouped() else WindowAttention
+        return layer(self.config, kind, feature_size)
 
 
 class WindowLM(WindowLayers, FamilyLM):

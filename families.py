@@ -22,7 +22,8 @@ from layers.embedding import Embedding, sinusoidal_positions
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (FEATURE_MAPS, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, read_state, softmax_attention)
+                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, read_state,
+                 softmax_attention)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -224,7 +225,8 @@ class GroupedAttention(Attention):
         """(B, h) -> q (B, n, G, w), k (B, n, 1, w), v (B, n, 1, d (+ 1))."""
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
             self.stack_projections(append_one)
-        qkv, w = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1), self.k_proj.out_features // self.n_kv_head
+        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_kv_head, 1, -1)
+        w = self.k_proj.out_features // self.n_kv_head
         q, k, v = qkv.split([self.group * w, w, qkv.shape[-1] - (self.group + 1) * w], -1)
         q = q.view(x.shape[0], self.n_kv_head, self.group, w)
         if rotation is not None:

@@ -59,7 +59,7 @@ class Config:
     def __post_init__(self):  # one-line errors for what cannot be built
         least = dict(vocab_size=1, n_layer=1, n_head=1, d_model=1, d_ff=1, n_encoder_layer=0, chunk_size=0,
                      feature_size=1, cross_feature_size=1, adaptive_factor=1)
-        wrong = [name for name, n in least.items() if not isinstance(getattr(self, name), int) or getattr(self, name) < n]
+        wrong = [f for f, n in least.items() if not isinstance(getattr(self, f), int) or getattr(self, f) < n]
         if wrong:
             raise ValueError(f"{wrong[0]}={getattr(self, wrong[0])!r} must be an integer >= {least[wrong[0]]}")
         if self.d_model % self.n_head:
@@ -67,7 +67,7 @@ class Config:
         self.attn = list(self.attn) if isinstance(self.attn, (list, tuple)) else self.attn
         if isinstance(self.attn, list) and len(self.attn) != self.n_layer:
             raise ValueError(f"attn lists {len(self.attn)} kinds for n_layer={self.n_layer} layers")
-        for kind, name in [(kind, "feature_size") for kind in self.layer_kinds()] + [(self.cross_attn, "cross_feature_size")]:
+        for kind, name in [(k, "feature_size") for k in self.layer_kinds()] + [(self.cross_attn, "cross_feature_size")]:
             if kind not in ATTENTION_KINDS:
                 raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
             if kind == "rfa" and getattr(self, name) % 2:
@@ -107,7 +107,7 @@ class FoldedT2RFeatureMap(nn.Module):
     """What is left of the T2R feature map after `fold`: W_phi now lives inside W_q and W_k (Eq. 8)."""
 
     def forward(self, *xs):  # Eqs. 8a-8b: phi(q_i) = relu(W~_q x_i + b~_q), the projection gave W~_q x_i + b~_q
-        return tuple(F.relu(x) for x in xs)
+        return tuple(map(torch.relu, xs))
 
 
 class EluFeatureMap(nn.Module):
@@ -261,7 +261,8 @@ class Attention(nn.Module):
     def project_step(self, x, append_one: bool):  # (B, h) -> q, k (B, H, 1, w), v (B, H, 1, d (+ 1))
         if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
             self.stack_projections(append_one)
-        qkv, w = F.linear(x, *self.stacked).view(x.shape[0], self.n_head, 1, -1), self.q_proj.out_features // self.n_head
+        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_head, 1, -1)  # [q | k | v (| 1)] by head
+        w = self.q_proj.out_features // self.n_head  # d, or k once `fold` merged W_phi into W_q, W_k
         return qkv.split([w, w, qkv.shape[-1] - 2 * w], -1)
 
     def merge_step(self, out):  # (B, H, 1, d) -> (B, h)
@@ -335,11 +336,10 @@ class LinearAttention(Attention):
 
     def step(self, x, state):  # x (B, h) -> (B, h)
         q, k, v1 = self.project_step(x, True)  # v1 = [v | 1]
-        fq, fk = self.feature_map(q, k)
+        (fq, fk), Sz = self.feature_map(q, k), state["Sz"]  # the state in float32 at least
         with full_precision(x.device):
-            fq, fk, v1 = widened(fq, fk, v1)
-            add_to_state(fk, v1, state["Sz"])  # Eq. 6
-            out = read_state(fq, state["Sz"])  # Eq. 7
+            add_to_state(fk.to(Sz.dtype), v1.to(Sz.dtype), Sz)  # Eq. 6
+            out = read_state(fq.to(Sz.dtype), Sz)  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
     def init_cross_state(self, source, key_mask):  # [S | z] of the whole (masked) source, once per sentence
@@ -421,8 +421,8 @@ class TransformerBase(nn.Module):
         return nn.LayerNorm(self.config.d_model)
 
     def make_ffn(self) -> nn.Module:  # the ReLU MLP
-        c = self.config
-        return nn.Sequential(nn.Linear(c.d_model, c.d_ff), nn.ReLU(), nn.Dropout(c.dropout), nn.Linear(c.d_ff, c.d_model))
+        h, d_ff = self.config.d_model, self.config.d_ff
+        return nn.Sequential(nn.Linear(h, d_ff), nn.ReLU(), nn.Dropout(self.config.dropout), nn.Linear(d_ff, h))
 
     def init_weights(self):
         for module in self.modules():
@@ -528,9 +528,8 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
     new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
-                         feature_size=feature_size or (4 if is_seq2seq else 32),
-                         cross_attn=attn if is_seq2seq else config.cross_attn, cross_feature_size=cross_feature_size,
-                         **changes)
+                         feature_size=feature_size or (4 if is_seq2seq else 32), cross_feature_size=cross_feature_size,
+                         cross_attn=attn if is_seq2seq else config.cross_attn, **changes)
     student = (build or type(model))(new_config)
     copy_pretrained(model, student)
     p = next(model.parameters())

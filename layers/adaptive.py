@@ -15,11 +15,14 @@ def check_bands(c):
     """Raise ValueError, in one line, for bands that cannot be (c: a t2r.Config)."""
     edges = [0, *c.adaptive_cutoffs, c.vocab_size]
     if c.adaptive_cutoffs and edges != sorted(set(edges)):
-        raise ValueError(f"adaptive_cutoffs={c.adaptive_cutoffs} must increase strictly inside (0, vocab_size={c.vocab_size})")
+        raise ValueError(f"adaptive_cutoffs={c.adaptive_cutoffs} must increase strictly inside (0, "
+                         f"vocab_size={c.vocab_size})")
     if c.adaptive_cutoffs and c.d_model // c.adaptive_factor ** len(c.adaptive_cutoffs) < 1:
-        raise ValueError(f"adaptive_factor={c.adaptive_factor} leaves the last band no dimension of d_model={c.d_model}")
+        raise ValueError(f"adaptive_factor={c.adaptive_factor} leaves the last band no dimension of "
+                         f"d_model={c.d_model}")
     if c.adaptive_cutoffs and (c.n_encoder_layer or not c.tie_embeddings):
-        raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, and no encoder")
+        raise ValueError("the adaptive input and softmax are a tied language model's: set tie_embeddings, "
+                         "and no encoder")
 
 
 def band_edges(config) -> list:

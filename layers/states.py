@@ -21,7 +21,10 @@ def widened(*tensors) -> tuple:  # each in float32 at least
 
 def full_precision(device: torch.device):
     """Switch autocast off, so that a state's sums are not silently cast back to bf16/fp16."""
-    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else nullcontext()
+    return torch.autocast(device.type, enabled=False) if torch.is_autocast_enabled(device.type) else NOTHING
+
+
+NOTHING = nullcontext()  # reusable: a step at batch 1 need not make a new one
 
 
 def append_to_cache(state, k, v):

@@ -309,8 +309,8 @@ def wrap(model, task, device, ddp):
 def log_step(bar, p: Progress, task: Task, loss: float, lr: float, tokens_per_s: float):
     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.1e}", tok_s=f"{tokens_per_s:,.0f}")
     if task.ddp.is_main:
-        tqdm.write(f"step {p.step}/{task.steps}{task.stage(p.step)} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_s:,.0f} tok/s | "
-                   f"{p.train_seconds / 60:.1f} min")
+        tqdm.write(f"step {p.step}/{task.steps}{task.stage(p.step)} | loss {loss:.4f} | lr {lr:.2e} | "
+                   f"{tokens_per_s:,.0f} tok/s | {p.train_seconds / 60:.1f} min")
 
 
 def validate(task: Task, model, p: Progress):
