@@ -79,7 +79,7 @@ def window_attention_step(q, k, fq, v, state, window: int, gate, phi):
     t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
     if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
         fk_old = phi(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
-        add_to_state(fk_old, F.pad(state["v"][:, :, slot], (0, 1), value=1.0), Sz)
+        add_to_state(fk_old, F.pad(state["v"][:, :, slot, None], (0, 1), value=1.0), Sz)
     state["k"][:, :, slot], state["v"][:, :, slot] = k, v
     state["length"] = t + 1
     keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)

@@ -220,13 +220,11 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
 # v1 = [v | 1], because at batch 1 each operation costs more than its arithmetic: one multiply-add and one product.
 
 def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
-    B, H, k, d1 = Sz.shape
-    Sz.addcmul_(fk.view(B, H, k, 1), v1.view(B, H, 1, d1))  # Eq. 6, as one: [S | z] += phi(k_i) (x) [v_i | 1]
+    Sz.addcmul_(fk.transpose(-1, -2), v1)  # Eq. 6, as one: [S | z] += phi(k_i)^T [v_i | 1]
 
 
 def read_state(fq, Sz):  # fq (B, H, Q, k): Q queries read each head's state -> (B, H, Q, d)
-    B, H, k, d1 = Sz.shape
-    both = torch.bmm(fq.reshape(B * H, -1, k), Sz.view(B * H, k, d1)).view(B, H, -1, d1)  # phi(q)^T [S | z]
+    both = fq @ Sz  # phi(q)^T [S | z] = [numerator | denominator]
     return normalize(both[..., :-1], both[..., -1])  # Eq. 7
 
 
