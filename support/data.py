@@ -141,7 +141,8 @@ def _cache_of(dataset: str, data_dir: str | None, tokenizer: str, vocab_size: in
     name, sources = corpus_sources(dataset, data_dir, download)
     short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
     expected = {"format": CACHE_FORMAT, "source": name, "kind": tokenizer, "bpe_vocab_size": vocab_size,
-                "fingerprint": {split: _fingerprint(source) for split, source in sources.items()}}
+                "fingerprint": {split: _fingerprint(source) for split, source in sources.items()},
+                "content": {split: content_hash(source) for split, source in sources.items()}}
     return Path(cache_dir) / f"{name}-{short}{vocab_size or ''}", sources, expected
 
 
@@ -149,7 +150,7 @@ def read_prepared(dataset: str, data_dir: str | None = None, tokenizer: str = "w
                   cache_dir: str = "data/cache") -> LMData:
     """What prepare() built, for a model's readers (generate.py): read, never built here nor downloaded."""
     folder, _, expected = _cache_of(dataset, data_dir, tokenizer, vocab_size, cache_dir, download=False)
-    lm, why = _load_cache(folder, expected)
+    lm, why = _load_cache(folder, expected, legacy=True)  # a cache of the code before content hashes: read too
     if lm is None:
         raise DataError(f"there is no token cache of {dataset} in {folder} ({why or 'none was built here'})")
     return lm
@@ -178,8 +179,19 @@ def prepare(dataset: str, data_dir: str | None = None, tokenizer: str = "word", 
     return lm
 
 
+def content_hash(source: str | Path) -> str:
+    """SHA-1 of the whole text, read in MB pieces: an edit anywhere changes it (cheap next to tokenizing it)."""
+    if isinstance(source, str):
+        return hashlib.sha1(source.encode()).hexdigest()
+    digest = hashlib.sha1()
+    with open(source, "rb") as f:
+        for piece in iter(lambda: f.read(1 << 20), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
 def _fingerprint(source: str | Path) -> str:
-    """Size + SHA-1 of the first and last MB: cheap, and catches edits, truncation and appends."""
+    """Size + SHA-1 of the first and last MB: what caches and checkpoints before content_hash kept (their identity)."""
     if isinstance(source, str):
         data = source.encode()
         size, head, tail = len(data), data[: 1 << 20], data[-(1 << 20):]
@@ -226,15 +238,17 @@ def _exclusive(folder: Path) -> Iterator[None]:
         yield
 
 
-def _load_cache(folder: Path, expected: dict) -> tuple[LMData | None, str]:
-    """The cached data, or None and why not ("" when there is simply no cache yet)."""
+def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMData | None, str]:
+    """The cached data, or None and why not ("" when there is simply no cache yet). legacy: a cache written before
+    content hashes is taken on its fingerprint alone (to read; training rebuilds it once, to be sure of the text)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
         return None, ""
     except (OSError, ValueError):
         return None, "unreadable meta.json"
-    changed = [key for key, value in expected.items() if meta.get(key) != value]
+    changed = [key for key, value in expected.items() if meta.get(key) != value
+               and not (legacy and key == "content" and "content" not in meta)]
     if changed:
         return None, f"{', '.join(changed)} changed"
     try:

@@ -11,13 +11,14 @@ A run's files are its own: a new run starts only in a folder no run has written 
 import glob
 import json
 import os
+import re
 
 try:
     import fcntl  # the out_dir lock is POSIX only: elsewhere runs go without it
 except ImportError:
     fcntl = None
 
-from support.runtime import UserError, fingerprint, load_checkpoint, write_json
+from support.runtime import PARTIAL, UserError, fingerprint, load_checkpoint, write_json
 
 
 def lock_out_dir(task):
@@ -34,8 +35,19 @@ def lock_out_dir(task):
     except BlockingIOError:
         raise UserError(f"another run is using {out_dir} (it holds {out_dir}/.lock): wait for it to finish, "
                         f"or pick another --out_dir") from None
-    for stale in glob.glob(os.path.join(glob.escape(out_dir), "*.tmp")):  # a write killed midway (atomic_write's)
-        os.remove(stale)  # under the lock no other process writes here
+    for stale in own_partial_writes(out_dir):  # a write of ours killed midway; under the lock no other process writes
+        os.remove(stale)
+
+
+def own_partial_writes(out_dir: str) -> list:
+    """What writes of this project killed midway left in out_dir: atomic_write's temporaries (<file>.<pid>
+    .t2r-partial), and those of the code before them (<file>.<pid>.tmp, <file> one the run writes). A user's file,
+    *.tmp included, is never one."""
+    ours = glob.glob(os.path.join(glob.escape(out_dir), f"*{PARTIAL}"))
+    older = [path for pattern in RUN_OUTPUTS + ("args.json",)
+             for path in glob.glob(os.path.join(glob.escape(out_dir), f"{pattern}.*.tmp"))
+             if re.fullmatch(r"\d+", path[:-len(".tmp")].rsplit(".", 1)[-1])]
+    return ours + older
 
 
 # What a run leaves in its folder besides args.json (written at its start): a new run starts where none of these is
@@ -82,7 +94,11 @@ def data_identity(lm) -> dict:
     that data.prepare keeps beside its cache (meta.json)."""
     with open(os.path.join(lm.cache, "meta.json")) as f:
         meta = json.load(f)
-    return {"tokenizer": meta["tokenizer_sha1"], "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
+    identity = {"tokenizer": meta["tokenizer_sha1"],
+                "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
+    if "content" in meta:  # the whole text's hashes; a checkpoint written before them is checked on "data" alone
+        identity["content"] = fingerprint(json.dumps(meta["content"], sort_keys=True))
+    return identity
 
 
 def check_identity(checkpoint: dict, current: dict, path: str):

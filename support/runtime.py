@@ -305,6 +305,9 @@ def gather_rng(state: dict, ddp: Distributed) -> list:
     return states
 
 
+PARTIAL = ".t2r-partial"  # atomic_write's temporary files end so, which no file of a user's does
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | Path) -> Iterator[str]:
     """The one way this project writes a file: yield a temporary name to write, then rename it over path
@@ -315,7 +318,7 @@ def atomic_write(path: str | Path) -> Iterator[str]:
             Path(tmp).write_text(text)
     """
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"  # the pid: two processes never write the same temporary file
+    tmp = f"{path}.{os.getpid()}{PARTIAL}"  # the pid: two processes never write the same temporary file
     try:
         yield tmp
         os.replace(tmp, path)

@@ -14,13 +14,14 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import ROOT
-from support import corpora, data
+from support import corpora, data, run_files
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +98,45 @@ def test_word_round_trip_and_unknown_words(ptb):
 # -----------------------------------------------------------------------------
 # Cache
 
+def test_an_edit_in_the_middle_of_a_large_corpus_rebuilds_the_cache(tmp_path):
+    """A 3 MB train.txt edited in its middle, the size the same: the first and last MB are unchanged, so only a
+    hash of the whole text sees it."""
+    corpus, cache = tmp_path / "big", str(tmp_path / "cache")
+    corpus.mkdir()
+    line = "the cat sat on the mat and the dog sat on the log\n"
+    (corpus / "train.txt").write_text(line * (3_000_000 // len(line)))
+    for split in ("valid", "test"):
+        (corpus / f"{split}.txt").write_text(line * 4)
+    first = data.prepare(str(corpus), cache_dir=cache)
+    text = (corpus / "train.txt").read_text()
+    middle = len(text) // 2 - len(text) // 2 % len(line)  # a line's start, 1.5 MB in
+    (corpus / "train.txt").write_text(text[:middle] + line.replace("cat", "dog") + text[middle + len(line):])
+    assert (corpus / "train.txt").stat().st_size == len(text)
+    again = data.prepare(str(corpus), cache_dir=cache)
+    cats = [int((lm.train == lm.tokenizer.token_to_id("cat")).sum()) for lm in (first, again)]  # ids by frequency
+    print(f"cat tokens: {cats[0]} before the edit, {cats[1]} after")
+    assert cats[1] == cats[0] - 1
+
+
+def test_a_cache_of_the_code_before_content_hashes_is_read_and_rebuilt_for_training(tmp_path, monkeypatch):
+    """A cache whose meta.json has no content hashes (written before them): generate.py reads it as it is; training
+    rebuilds it once, and the data's identity keeps the key ("data") its checkpoints were written with."""
+    corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
+    built = data.prepare(corpus, cache_dir=cache)
+    old_identity = {key: value for key, value in run_files.data_identity(built).items() if key != "content"}
+    meta = json.loads((Path(built.cache) / "meta.json").read_text())
+    del meta["content"]
+    (Path(built.cache) / "meta.json").write_text(json.dumps(meta))
+    assert data.read_prepared(corpus, cache_dir=cache).vocab_size == built.vocab_size  # read as it is
+    calls = []
+    real = data.train_tokenizer
+    monkeypatch.setattr(data, "train_tokenizer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rebuilt = data.prepare(corpus, cache_dir=cache)
+    assert calls == [1] and np.array_equal(rebuilt.train, built.train)
+    new_identity = run_files.data_identity(rebuilt)
+    assert {key: new_identity[key] for key in old_identity} == old_identity and "content" in new_identity
+
+
 def test_cache_is_reused_and_rebuilt_when_damaged(tmp_path, monkeypatch):
     corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
     first = data.prepare(corpus, cache_dir=cache)
@@ -125,7 +165,7 @@ def test_cache_is_reused_and_rebuilt_when_damaged(tmp_path, monkeypatch):
         data.prepare(corpus, cache_dir=cache)
         assert calls == [], what  # ...then loaded again
         print(f"{what}: rebuilt, train {len(rebuilt.train)} tokens")
-    assert not [name for name in os.listdir(folder) if name.endswith(".tmp")]
+    assert not [name for name in os.listdir(folder) if name.endswith((".tmp", ".t2r-partial"))]
 
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")

@@ -606,14 +606,24 @@ def test_an_out_dir_that_is_a_file_is_refused(run_here, tmp_path, corpus):
     assert_one_line_error(result, "cannot write to --out_dir taken")
 
 
-def test_a_write_killed_midway_leaves_no_temporary_file_once_the_run_goes_on(run_here, trained, tmp_path):
-    """kill -9 during a save leaves ckpt.pt.<pid>.tmp (atomic_write's name); the next run to hold the folder's lock
-    removes it: no other process can be writing there."""
+@pytest.mark.parametrize("left", ["ckpt.pt.99999.t2r-partial", "ckpt.pt.99999.tmp"])  # today's name, and before
+def test_a_write_killed_midway_leaves_no_temporary_file_once_the_run_goes_on(run_here, trained, tmp_path, left):
+    """kill -9 during a save leaves ckpt.pt.<pid>.t2r-partial (atomic_write's name; .tmp before); the next run to
+    hold the folder's lock removes it: no other process can be writing there."""
     tmp, _ = trained
     shutil.copytree(tmp / "out/tiny-t2r-random", tmp_path / "r")
-    (tmp_path / "r/ckpt.pt.99999.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / "r" / left).write_bytes(b"half a checkpoint")
     assert run_here("train_lm.py", "--eval_only", "--out_dir", "r", cwd=tmp_path).returncode == 0
-    assert not list((tmp_path / "r").glob("*.tmp"))
+    assert not (tmp_path / "r" / left).exists()
+
+
+@pytest.mark.parametrize("name", ["notes.tmp", "model.pt.tmp", "draft.123.tmp", "results.json.old.tmp"])
+def test_a_users_own_files_in_the_out_dir_are_left_alone(run_here, trained, tmp_path, name):
+    tmp, _ = trained
+    shutil.copytree(tmp / "out/tiny-t2r-random", tmp_path / "r")
+    (tmp_path / "r" / name).write_text("precious")
+    assert run_here("train_lm.py", "--eval_only", "--out_dir", "r", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "r" / name).read_text() == "precious"
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
@@ -624,7 +634,7 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(tmp_path, monkeypatch
     runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(2)}, "step": 1})
 
     def full_disk(name, mode="r", *rest, **kwargs):
-        return builtins.open("/dev/full" if str(name).endswith(".tmp") else name, mode, *rest, **kwargs)
+        return builtins.open("/dev/full" if str(name).endswith(runtime.PARTIAL) else name, mode, *rest, **kwargs)
     monkeypatch.setattr(runtime, "open", full_disk, raising=False)
     with pytest.raises(runtime.UserError, match=r"could not write .*ckpt.pt \(No space left on device\)") as error:
         runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(1000)}, "step": 2})
