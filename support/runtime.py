@@ -327,14 +327,38 @@ def atomic_write(path: str | Path) -> Iterator[str]:
             os.remove(tmp)
 
 
+CHECKSUMS = ("checksum", "checksum_all")  # what save_checkpoint adds: of the tensors (as before), of everything
+
+
 def tensor_checksum(checkpoint: dict) -> int:
-    """CRC-32 of every tensor's bytes in a checkpoint, in order (the "checksum" entry aside): torch.load does not
-    check the zip's own CRCs, so a flipped byte in the weights would load silently."""
+    """CRC-32 of every tensor's bytes in a checkpoint, in order (the checksums aside): torch.load does not check the
+    zip's own CRCs, so a flipped byte in the weights would load silently. What checkpoints before checksum_all hold."""
     crc = 0
-    for leaf in tree_flatten({k: v for k, v in checkpoint.items() if k != "checksum"})[0]:
+    for leaf in tree_flatten({k: v for k, v in checkpoint.items() if k not in CHECKSUMS})[0]:
         if torch.is_tensor(leaf):
-            crc = zlib.crc32(leaf.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy(), crc)
+            crc = zlib.crc32(tensor_bytes(leaf), crc)
     return crc
+
+
+def tensor_bytes(tensor):
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def checksum_all(value, crc: int = 0) -> int:
+    """CRC-32 of everything a checkpoint holds (the checksums aside): every name, every value's repr, every tensor's
+    dtype, shape and bytes; a flipped bit in its config (norm_eps 1e-5 -> 0.655) changes it too."""
+    if torch.is_tensor(value):
+        return zlib.crc32(tensor_bytes(value), zlib.crc32(f"{value.dtype}{tuple(value.shape)}".encode(), crc))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key not in CHECKSUMS:
+                crc = checksum_all(item, zlib.crc32(repr(key).encode(), crc))
+        return crc
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            crc = checksum_all(item, crc)
+        return zlib.crc32(f"{type(value).__name__}{len(value)}".encode(), crc)
+    return zlib.crc32(repr(value).encode(), crc)
 
 
 def non_finite_weights(weights: dict) -> list:
@@ -352,7 +376,8 @@ def save_checkpoint(path: str, checkpoint: dict):
                         f"--lr, then --resume from the last checkpoint saved (or start again if none was)")
     try:
         with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: a full disk is an OSError with errno
-            torch.save({**checkpoint, "checksum": tensor_checksum(checkpoint)}, f)
+            torch.save({**checkpoint, "checksum": tensor_checksum(checkpoint),
+                        "checksum_all": checksum_all(checkpoint)}, f)
     except (OSError, RuntimeError) as error:  # a full disk, a read-only folder
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:120]
         raise UserError(f"could not write {path} ({reason}): free some space or make the folder writable, then "
@@ -403,6 +428,9 @@ def read_checked(path: str, what: str = "checkpoint", fix: str = "delete it and 
         raise UserError(f"{path} is not a t2r checkpoint (no model weights in it)")
     if "checksum" in checkpoint and checkpoint["checksum"] != tensor_checksum(checkpoint):
         raise UserError(f"{what} {path} is corrupt: its tensors do not match the checksum saved with them; {fix}")
+    if "checksum_all" in checkpoint and checkpoint["checksum_all"] != checksum_all(checkpoint):
+        raise UserError(f"{what} {path} is corrupt: what it holds besides its tensors (its config, its flags) does not "
+                        f"match the checksum saved with it; {fix}")
     broken = non_finite_weights(checkpoint["model"])
     if broken:
         raise UserError(f"{what} {path} holds NaN or inf weights ({broken[0]}): it cannot be used; {fix}")

@@ -503,7 +503,7 @@ def test_a_nan_teacher_is_not_converted(run_here, trained, tmp_path):
     tmp, corpus = trained
     teacher = torch.load(tmp / "out/tiny-softmax-random/model.pt", weights_only=True)
     next(iter(teacher["model"].values())).fill_(float("nan"))
-    del teacher["checksum"]  # as a checkpoint from elsewhere, or from before checksums, has none
+    del teacher["checksum"], teacher["checksum_all"]  # as a checkpoint from elsewhere, or from before them, has none
     torch.save(teacher, tmp_path / "nan.pt")
     result = run_here("train_lm.py", "--init", "pretrained", "--pretrained", str(tmp_path / "nan.pt"),
                       "--dataset", corpus, *SMALL, "--out_dir", str(tmp_path / "x"), cwd=tmp)
@@ -558,7 +558,7 @@ def test_a_model_with_nan_weights_does_not_generate(run_here, trained, tmp_path)
     tmp, _ = trained
     checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
     checkpoint["model"]["embed.tok.weight"][3, 0] = float("nan")
-    del checkpoint["checksum"]  # hand-made, or from before checksums
+    del checkpoint["checksum"], checkpoint["checksum_all"]  # hand-made, or from before checksums
     torch.save(checkpoint, tmp_path / "model.pt")
     result = run_here("generate.py", "--ckpt", "model.pt", "--temperature", "0", cwd=tmp_path)
     assert_one_line_error(result, "holds NaN or inf weights (embed.tok.weight)")
@@ -579,9 +579,22 @@ def test_a_teachers_unreadable_results_are_found_before_the_student_trains(run_h
 def test_a_checkpoint_whose_args_are_no_dict_is_refused(run_here, trained, tmp_path):
     tmp, _ = trained
     checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
-    checkpoint["args"] = ["--dataset", "tiny"]  # hand-made
+    checkpoint["args"] = ["--dataset", "tiny"]  # hand-made: no checksum of everything
+    del checkpoint["checksum_all"]
     torch.save(checkpoint, tmp_path / "model.pt")
     assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path), "its args, is not a dict")
+
+
+@pytest.mark.parametrize("where, value", [("config", 0.655), ("args", "other")])
+def test_a_checkpoint_whose_config_or_flags_changed_on_disk_is_refused(run_here, trained, tmp_path, where, value):
+    """A flipped bit in model.pt's config (dropout 0 -> 0.655) or flags, its tensors untouched: the checksum of
+    everything it holds no longer matches (the tensors' alone did)."""
+    tmp, _ = trained
+    checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
+    checkpoint[where]["dropout" if where == "config" else "dataset"] = value  # both checksums kept as they were
+    torch.save(checkpoint, tmp_path / "model.pt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path),
+                          "model.pt is corrupt: what it holds besides its tensors")
 
 
 @pytest.mark.parametrize("config", [{"n_head": 0}, "a string"])
