@@ -15,6 +15,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -68,8 +69,12 @@ def run_in_process(script, *args, cwd, stdin=""):
         patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
         torch.set_num_threads(1)
         try:
-            path = script if script.endswith(".py") else script.replace(".", os.sep) + ".py"  # a module's file
-            runpy.run_path(os.path.join(ROOT, path), run_name="__main__")
+            if script.endswith(".py"):
+                runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+            else:  # python -m experiments.mqar (imported already by a test: run afresh, as python would)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", "'.*' found in sys.modules", RuntimeWarning)
+                    runpy.run_module(script, run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as done:
             code = done.code if isinstance(done.code, int) else int(done.code is not None)

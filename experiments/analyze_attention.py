@@ -20,6 +20,10 @@ and left out of the entropy. RFA's weights can be negative (sin/cos features); i
 positive part, renormalised.
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.analyze_attention")
+
 import math
 import os
 

@@ -13,6 +13,10 @@ Runs are skipped when finished and resumed when interrupted, as in experiments/s
 results/conversion.md (out/conversion-quick/conversion.md with --quick).
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.conversion")
+
 import argparse
 import os
 

@@ -12,6 +12,10 @@ speed and state size from one bench.py run at the same width and depth (random w
 them), so those columns compare on one machine at one time. The report is results/from_scratch.md.
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.from_scratch")
+
 import argparse
 import os
 import subprocess

@@ -11,6 +11,10 @@ Speed: one finetuning step (forward, backward, AdamW) at batch 1 x 512 tokens, t
 warm-up; greedy decoding of 1024 tokens at batch 1, softmax with its KV cache against T2R folded (Eq. 8).
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.gpt2_cost")
+
 import statistics
 import time
 

@@ -13,6 +13,10 @@ tokens at batch 1, the per-token latency (median of 32 steps) at 1K, 2K, 4K and 
 feature map reads the rotated q and k, so T2R decodes unfolded (Eq. 8 does not apply).
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.llama_cost")
+
 import torch
 from experiments.gpt2_cost import FEATURE_SIZE, decoding, memory, print_memory, timed_models
 from support import hf

@@ -20,6 +20,10 @@ The data differs from Zoology's generator in two ways: the queries sit at unifor
 there would read as one more pair).
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.mqar")
+
 import argparse
 import json
 import os
@@ -34,8 +38,8 @@ from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
 from experiments.records import machine
 from experiments.sizes import MQAR_SIZES
-from support.runtime import (Distributed, Parser, fingerprint, load_checkpoint, model_from_checkpoint, run_main,
-                             write_csv, write_json)
+from support.runtime import (Distributed, Parser, UserError, fingerprint, load_checkpoint, model_from_checkpoint,
+                             run_main, write_csv, write_json)
 from support.training import Task, train
 from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
@@ -193,7 +197,7 @@ def make_model(run: Run, size: dict, checkpoint, args):
 
 def train_run(run: Run, size: dict, out_dir: str) -> dict:
     """The run's results: read if it finished, else trained (resumed where it stopped)."""
-    folder = os.path.join(out_dir, run.name.replace(" ", "-"))
+    folder = folder_of(run, out_dir)
     results = os.path.join(folder, "results.json")
     if not os.path.isfile(results):
         args = run_args(run, size, folder, os.path.join(out_dir, "softmax", "model.pt"),
@@ -205,6 +209,29 @@ def train_run(run: Run, size: dict, out_dir: str) -> dict:
         task.lock.close()
     with open(results) as f:
         return json.load(f)
+
+
+def folder_of(run: Run, out_dir: str) -> str:
+    return os.path.join(out_dir, run.name.replace(" ", "-"))
+
+
+def check_planned(run: Run, size: dict, folder: str):
+    """A run folder already there (finished or not) was trained to this plan's budget: a --quick run is not taken
+    for a full one, nor the other way round. Else one line, before any work."""
+    steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+    planned = {"max_steps": steps, "batch_size": size["batch_size"], "lr": size["lr"],
+               "transfer_steps": size["transfer_steps"] if run.transfer else 0}
+    try:
+        with open(os.path.join(folder, "args.json")) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError):
+        raise UserError(f"{folder}/args.json is unreadable: delete {folder}, or pass another --out_dir") from None
+    for name, value in planned.items():
+        if saved.get(name, 0) != value:
+            raise UserError(f"{folder} holds {run.name} trained with --{name} {saved.get(name)}, this plan's is "
+                            f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
 
 
 def rows_of(run: Run, results: dict, steps: int) -> list:
@@ -222,6 +249,8 @@ def get_args(argv=None):
     args = p.parse_args(argv)
     args.out_dir = args.out_dir or ("out/mqar-quick" if args.quick else "out/mqar")
     args.csv = args.csv or (os.path.join(args.out_dir, "mqar.csv") if args.quick else "results/mqar.csv")
+    if os.path.isdir(args.csv):  # found before training, not after it
+        p.error(f"--csv {args.csv} is a folder: name the table's file, e.g. {os.path.join(args.csv, 'mqar.csv')}")
     return args
 
 
@@ -235,6 +264,8 @@ def main(argv=None):
             print(f"{run.name}: {steps} steps" + (f" ({size['transfer_steps']} of transfer first)" if run.transfer
                                                   else ""))
         return
+    for run in runs:  # every saved run of this plan's, before any work
+        check_planned(run, size, folder_of(run, args.out_dir))
     rows, t0 = [], time.time()
     for run in runs:
         print(f"--- {run.name}", flush=True)

@@ -11,6 +11,10 @@ and never the weights (experiments/records.py keeps the results in the repositor
     python -m experiments.probes speed out/study/mt/t2r-pretrained-s0    # the speed probe alone, on one run
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.probes")
+
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

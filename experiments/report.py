@@ -14,6 +14,10 @@ experiments/study.py) and writes
 No run folder is read: the committed CSVs are enough to regenerate the page.
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.report")
+
 import argparse
 import csv
 import os

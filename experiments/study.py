@@ -25,6 +25,10 @@ results/runs/ carrying the finished runs. At these sizes the LM teacher is measu
 The claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
+
+if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
+    raise SystemExit("error: run it from the repository's root as a module: python -m experiments.study")
+
 import os
 import signal
 import subprocess

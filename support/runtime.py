@@ -58,8 +58,9 @@ def run_main(main):
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: unknown or malformed flags are rejected with a hint."""
 
-    def error(self, message):
-        self.exit(2, f"error: {message} (see python {self.prog} --help)\n")
+    def error(self, message):  # prog is a script's name (train_lm.py) or a module's command (python -m ...)
+        command = self.prog if self.prog.startswith("python ") else f"python {self.prog}"
+        self.exit(2, f"error: {message} (see {command} --help)\n")
 
 
 # Flag types: the rule sits beside each flag (type=positive_int, ...), and argparse refuses a value that breaks

@@ -5,12 +5,16 @@ types them and a fragment of the line.
     python -m pytest -q -s tests/test_flags.py
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import generate
 import train_lm
 import train_mt
-from conftest import assert_flags_refused
+from conftest import ROOT, assert_flags_refused
 
 GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, "generate.py": generate.get_args}
 
@@ -83,3 +87,24 @@ GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, 
 ])
 def test_bad_flags_are_refused_before_any_work(capsys, script, flags, message):
     assert_flags_refused(GET_ARGS[script], flags.split(), message, capsys)
+
+
+EXPERIMENTS = ["analyze_attention", "conversion", "from_scratch", "gpt2_cost", "llama_cost", "mqar", "probes",
+               "report", "study"]
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_an_experiment_run_as_a_file_says_to_run_it_as_a_module(name):
+    """python experiments/mqar.py --help ended in ModuleNotFoundError: the project's modules are found from the
+    repository's root, with -m."""
+    result = subprocess.run([sys.executable, os.path.join("experiments", f"{name}.py"), "--help"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"error: run it from the repository's root as a module: python -m experiments.{name}"
+
+
+def test_a_module_commands_error_names_it_once(capsys):
+    from experiments import mqar
+    with pytest.raises(SystemExit):
+        mqar.get_args(["--no_such_flag"])
+    assert "(see python -m experiments.mqar --help)" in capsys.readouterr().err

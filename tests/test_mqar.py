@@ -6,6 +6,7 @@ runs end to end (--quick), resumable, with a KV cache that grows and T2R states 
 """
 
 import csv
+import json
 
 import pytest
 import torch
@@ -95,3 +96,18 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     scratch = "- **From scratch**, for the teacher's steps: t2r32 from scratch 0.30 at 8 pairs and 0.05 at 64."
     assert all(line in page and line in summary for line in (kept, lost, scratch))
     assert (tmp_path / "mqar.png").stat().st_size > 0
+
+
+def test_a_full_plan_does_not_take_a_quick_plans_runs_for_its_own(tmp_path):
+    """--out_dir X after --quick --out_dir X: the quick runs' results were taken as the full table's; now one line,
+    before any work."""
+    folder = tmp_path / "x" / "softmax"
+    folder.mkdir(parents=True)
+    quick = mqar.MQAR_SIZES["quick"]  # what a --quick run's args.json says of its budget
+    (folder / "args.json").write_text(json.dumps({"max_steps": quick["teacher_steps"], "batch_size": quick["batch_size"],
+                                                  "lr": quick["lr"], "transfer_steps": 0}))
+    (folder / "results.json").write_text("{}")
+    result = run_in_process("experiments.mqar", "--out_dir", "x", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"x/softmax holds softmax trained with --max_steps {quick['teacher_steps']}" in result.stderr
+    assert "(--quick or not)" in result.stderr and not (tmp_path / "x" / "mqar.csv").exists()
