@@ -14,6 +14,7 @@ attention (the switches at the end of t2r.Config). Each family has a table of wh
 """
 
 import json
+import math
 import os
 import re
 
@@ -134,6 +135,7 @@ def gpt2_config(settings: dict, where: str) -> FamilyConfig:
     for key, values in SUPPORTED.items():
         if get(key, values[0]) not in values:
             raise UserError(f"{where} has {key}={get(key)!r}, which our model does not compute (ours: {values[0]!r})")
+    check_dropouts(settings, where, ("resid_pdrop", "embd_pdrop", "attn_pdrop"))
     try:  # GPT-2's dropout on embeddings and sublayer outputs (resid_pdrop) is our one dropout; it has no attn_pdrop
         return FamilyConfig(vocab_size=settings["vocab_size"], n_layer=settings["n_layer"], n_head=settings["n_head"],
                       d_model=settings["n_embd"], d_ff=get("n_inner") or 4 * settings["n_embd"],
@@ -158,11 +160,17 @@ LLAMA_SUPPORTED = {"hidden_act": ("silu",), "mlp_bias": (False,), "pretraining_t
 BIASES = {"llama": "none", "mistral": "none", "qwen2": "qkv"}  # Qwen2's q, k and v have biases, nothing else
 
 
-def rope_settings(settings: dict) -> tuple:
+def rope_settings(settings: dict, where: str = "config.json") -> tuple:
     """(theta, scaling or None) from config.json: transformers 5 writes rope_parameters, earlier ones rope_theta and
-    rope_scaling (whose type was once called "type")."""
+    rope_scaling (whose type was once called "type"). Each is checked: a dict, a positive theta."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if settings.get(key) is not None and not isinstance(settings[key], dict):
+            raise UserError(f"{where} has {key}={settings[key]!r}: an object of rotary settings (or null) is expected")
     rope = settings.get("rope_parameters") or {**(settings.get("rope_scaling") or {}),
                                                "rope_theta": settings.get("rope_theta", 10_000.0)}
+    theta = rope.get("rope_theta", 10_000.0)
+    if not is_positive_number(theta):
+        raise UserError(f"{where} has rope_theta={theta!r}: the rotary base is a positive number (10000 for most)")
     kind = rope.get("rope_type", rope.get("type", "default"))
     scaling = {key: value for key, value in rope.items() if key not in ("rope_theta", "type", "rope_type")}
     return rope.get("rope_theta", 10_000.0), (None if kind == "default" else {**scaling, "rope_type": kind})
@@ -184,11 +192,12 @@ def llama_config(settings: dict, where: str) -> FamilyConfig:
             raise UserError(f"{where} has {key}={get(key)!r}, which our model does not compute (ours: {values[0]!r})")
     if get("attention_bias", False):
         raise UserError(f"{where} has attention_bias=true (biases on q, k, v and o alone): our model does not")
+    check_dropouts(settings, where, ("attention_dropout",))
     window = get("sliding_window") if family == "mistral" or get("use_sliding_window") else None
     if window:
         raise UserError(f"{where} attends within a sliding window of {window} tokens, which our softmax teacher does "
                         f"not compute: use a checkpoint without one (sliding_window null)")
-    theta, scaling = rope_settings(settings)
+    theta, scaling = rope_settings(settings, where)
     try:
         return FamilyConfig(vocab_size=settings["vocab_size"], n_layer=settings["num_hidden_layers"], n_head=heads,
                       d_model=width, d_ff=settings["intermediate_size"], dropout=get("attention_dropout", 0.0),
@@ -197,6 +206,34 @@ def llama_config(settings: dict, where: str) -> FamilyConfig:
                       n_kv_head=get("num_key_value_heads") or heads, rope_theta=theta, rope_scaling=scaling)
     except (TypeError, ValueError) as error:
         raise UserError(f"{where} is not a usable {family} config ({error})") from None
+
+
+def is_positive_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def check_dropouts(settings: dict, where: str, keys: tuple):
+    """Each dropout config.json names is a number in [0, 1): a string or 1.5 would break later, as a traceback."""
+    for key in keys:
+        value = settings.get(key, 0.0)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+            raise UserError(f"{where} has {key}={value!r}: a dropout is a number in [0, 1)")
+
+
+def check_tensors(tensors: dict, n_layer: int, family: str, folder: str):
+    """What the tensors present say, before a model is built for them: floating-point weights (an int8 one is a
+    quantized checkpoint, which would be cast and converted as if it were the weights), and as many layers as
+    config.json says (a million would take minutes to build, only to find tensors missing)."""
+    stored = next(((name, t.dtype) for name, t in tensors.items() if not t.is_floating_point()
+                   and not MASK_BUFFERS.fullmatch(name)), None)
+    if stored:
+        raise UserError(f"{folder}: {stored[0]} is stored as {stored[1]} (a quantized checkpoint?): convert one whose "
+                        f"weights are float32, float16 or bfloat16")
+    pattern = re.compile(r"h\.(\d+)\." if family == "gpt2" else r"model\.layers\.(\d+)\.")
+    present = {int(m.group(1)) for m in map(pattern.match, tensors) if m}
+    if present != set(range(n_layer)):
+        raise UserError(f"{folder}: config.json says {n_layer} layers, its tensors hold {len(present)}: it is "
+                        f"another model's config, or damaged")
 
 
 def weight_files(folder: str) -> list:
@@ -240,6 +277,7 @@ def load(folder: str) -> FamilyLM:
     """Our softmax FamilyLM with the checkpoint's weights: every tensor of it used, or a one-line error."""
     settings = read_settings(folder)
     config, tensors, family = read_config(folder, settings), read_tensors(folder), settings["model_type"]
+    check_tensors(tensors, config.n_layer, family, folder)
     with torch.device("meta"):  # shapes first, no memory: a config.json too large for its tensors is refused here
         shapes = FamilyLM(config)
     head = "lm_head.weight"  # a tied model's output layer is its embedding: saved or not, it is not read

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
+from safetensors.torch import load_file, save_file  # noqa: E402 (installed with transformers)
 
 from conftest import LLAMA_FAMILY, report
 from support import hf, runtime
@@ -85,6 +86,18 @@ def test_the_config_keeps_each_familys_switches(tiny_llamas, family):
     assert (config.rope_scaling or {}).get("rope_type") == ("llama3" if family == "llama" else None)
 
 
+def test_a_quantized_checkpoint_is_refused_not_cast(tiny_llamas, tmp_path, capsys):
+    """A weight stored as int8 was cast to float and converted as if it were the weights."""
+    folder = changed(tiny_llamas, tmp_path, "qwen2")
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight"] = tensors["model.layers.0.mlp.up_proj.weight"].to(torch.int8)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run_main(lambda: hf.load(folder))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "model.layers.0.mlp.up_proj.weight is stored as torch.int8" in err, err
+
+
 def changed(tiny_llamas, tmp_path, family, settings=None, drop_shard=False):
     folder = tiny_llamas[family][0]
     out = tmp_path / family
@@ -107,6 +120,14 @@ def changed(tiny_llamas, tmp_path, family, settings=None, drop_shard=False):
      "rope_scaling={'factor': 2.0, 'rope_type': 'yarn'}: supported are"),
     ("qwen2", {"num_key_value_heads": 3}, "not a usable qwen2 config (n_kv_head=3 must divide n_head=4"),
     ("llama", None, "lacks model-"),
+    # read through one checker of types and values before anything is built (each a traceback, or silent, before)
+    ("qwen2", {"rope_parameters": None, "rope_theta": 0}, "has rope_theta=0: the rotary base is a positive number"),
+    ("qwen2", {"rope_parameters": {"rope_theta": 0, "rope_type": "default"}}, "has rope_theta=0: the rotary base"),
+    ("qwen2", {"rope_parameters": "default"}, "has rope_parameters='default': an object of rotary settings"),
+    ("qwen2", {"rope_scaling": ["linear", 2.0]}, "has rope_scaling=['linear', 2.0]: an object of rotary settings"),
+    ("qwen2", {"attention_dropout": 1.5}, "has attention_dropout=1.5: a dropout is a number in [0, 1)"),
+    ("qwen2", {"attention_dropout": "0.1"}, "has attention_dropout='0.1': a dropout is a number in [0, 1)"),
+    ("qwen2", {"num_hidden_layers": 1_000_000}, "config.json says 1000000 layers, its tensors hold 2"),
 ])
 def test_what_our_model_cannot_compute_is_a_one_line_error(tiny_llamas, tmp_path, capsys, family, settings, message):
     folder = changed(tiny_llamas, tmp_path, family, settings, drop_shard=settings is None)
