@@ -324,6 +324,7 @@ def load_lm_teacher(args, task):
         check_teacher({"config": teacher.config.to_dict()}, args, MODEL_FLAGS)
         if "dropout" not in args.explicit:
             args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
+        check_training_fits(task, lambda: meta_twin(teacher))  # before its evaluation (hours for a large model)
         print(f"{args.pretrained} as it is (softmax, not finetuned):")
         results = task.report(teacher.to(task.device), 0.0)
         if task.ddp.is_main:

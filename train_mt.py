@@ -110,8 +110,9 @@ class MTTask(Task):
     SCHEDULES = SCHEDULES
     BATCH_FLAGS = "--max_tokens"
 
-    def tokens_per_step(self):  # a batch of at most --max_tokens on each side, source and target
-        return 2 * self.args.max_tokens
+    def tokens_per_step(self):  # a batch's tokens on each side, source and target: --max_tokens, or the largest
+        longest = lambda batch: len(batch) * max(max(map(len, self.train_examples[i])) for i in batch)  # batch there is
+        return 2 * min(self.args.max_tokens, max(map(longest, self.train_batches)))
 
     def load_data(self, checkpoint):
         """The corpus and the tokenizer: the checkpoint's, the teacher's (--init pretrained: its checkpoint is read and
@@ -125,7 +126,8 @@ class MTTask(Task):
             self.teacher = load_translator_teacher(args)
             tokenizer_text = self.teacher["tokenizer"]
         self.corpus, self.tokenizer, self.train_examples, valid = load_data(args, tokenizer_text)
-        check_decoding_fits(self.tokenizer.get_vocab_size(), args, self.device)  # the BLEU pass, found before training
+        scored = max(len(self.corpus[split][: args.bleu_sentences or None]) for split in ("valid", "test"))
+        check_decoding_fits(self.tokenizer.get_vocab_size(), args, self.device, scored)  # the BLEU pass, found now
         self.train_batches = mt_data.make_batches(self.train_examples, args.max_tokens)
         self.valid = valid, mt_data.make_batches(valid, args.max_tokens)
         print(f"{len(self.train_batches)} training batches of <= {args.max_tokens} tokens")

@@ -25,8 +25,8 @@ from support.data import text_lines
 from support.inference import compile_step, inference_model
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
-                             get_device, load_checkpoint, model_from_checkpoint, non_negative_float, positive_int,
-                             resolve_device, run_main)
+                             get_device, length_factor, length_term, load_checkpoint, model_from_checkpoint,
+                             non_negative_float, positive_int, resolve_device, run_main)
 
 
 # -----------------------------------------------------------------------------
@@ -321,8 +321,8 @@ def add_decoding_flags(p):
     g = p.add_argument_group("decoding")
     g.add_argument("--beam", type=positive_int, default=5, help="beam size (1: greedy decoding)")
     g.add_argument("--lenpen", type=finite_float, default=0.6, help="length penalty: hypotheses are ranked by log p / length^lenpen")
-    g.add_argument("--max_len_a", type=non_negative_float, default=1.5, help="a hypothesis has at most a * source length + b tokens")
-    g.add_argument("--max_len_b", type=positive_int, default=10, help="see --max_len_a")
+    g.add_argument("--max_len_a", type=length_factor, default=1.5, help="a hypothesis has at most a * source length + b tokens")
+    g.add_argument("--max_len_b", type=length_term, default=10, help="see --max_len_a")
     g.add_argument("--decode_batch_size", type=positive_int, default=64, help="sentences decoded together")
     return g
 
@@ -352,12 +352,13 @@ def read_lines(path: str) -> list:
                         f"e.g. iconv -f latin1 -t utf-8") from None
 
 
-def check_decoding_fits(vocab_size: int, args, device):
-    """--decode_batch_size sentences of --beam hypotheses each take, at the least, a step's logits and their
-    log-softmax and scores (3 x 4 bytes a word of the vocabulary): refused in one line where that cannot fit."""
-    rows = args.decode_batch_size * args.beam
-    check_fits(rows * 3 * 4 * vocab_size, device, f"decoding {args.decode_batch_size} sentences with --beam "
-               f"{args.beam}", "lower --beam or --decode_batch_size")
+def check_decoding_fits(vocab_size: int, args, device, sentences: int):
+    """A batch of --decode_batch_size sentences (no more than there are) of --beam hypotheses each takes, at the
+    least, a step's logits and their log-softmax and scores (3 x 4 bytes a word of the vocabulary): refused in one
+    line where that cannot fit."""
+    batch = min(args.decode_batch_size, max(1, sentences))
+    check_fits(batch * args.beam * 3 * 4 * vocab_size, device, f"decoding {batch} sentence{'s' * (batch != 1)} with "
+               f"--beam {args.beam}", "lower --beam or --decode_batch_size")
 
 
 def main():
@@ -365,7 +366,7 @@ def main():
     args = get_args()
     model, tokenizer, _ = load_translator(args.ckpt)
     lines = read_lines(args.input)
-    check_decoding_fits(model.config.vocab_size, args, resolve_device(args.device))  # before any output
+    check_decoding_fits(model.config.vocab_size, args, resolve_device(args.device), len(lines))  # before any output
     with contextlib.redirect_stdout(sys.stderr):
         device = get_device(args.device)
     model = inference_model(model.to(device))

@@ -87,6 +87,9 @@ finite_float = _number(float, "a finite number", lambda v: True)
 fraction = _number(float, "in [0, 1)", lambda v: 0 <= v < 1)
 unit_interval = _number(float, "in [0, 1]", lambda v: 0 <= v <= 1)
 seed = _number(int, "a seed from 0 to 2**63 - 1", lambda v: 0 <= v < 2**63)  # what torch and numpy both take
+# a decoding's length limit, a * source length + b tokens: a count, never an overflow of int64
+length_factor = _number(float, "a number from 0 to 10000", lambda v: 0 <= v <= 10_000)
+length_term = _number(int, "an integer from 1 to 1000000", lambda v: 1 <= v <= 1_000_000)
 
 
 def increasing_ints(text: str) -> list:

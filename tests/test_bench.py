@@ -341,3 +341,17 @@ def test_translators_take_turns_and_are_compared_pass_by_pass(tmp_path, monkeypa
         ratios = [got[("t2r/softmax", metric + "_ratio" + end)] for end in ("_min", "", "_max")]
         assert ratios == pytest.approx([110 / 300, 1.5, 3.5])
     assert ("softmax/softmax", "tokens_per_s_ratio") not in got and got[("t2r", "share_sdpa")] == 0
+
+
+@pytest.mark.parametrize("switches", [dict(max_positions=64, activation="gelu_tanh", scale_embedding=False),
+                                      dict(norm="rmsnorm", ffn="swiglu", bias="none", rope_theta=1000.0), dict(window=4)])
+def test_a_checkpoint_bench_does_not_build_is_refused_not_measured_as_another(run_here, tmp_path, switches):
+    """bench.py --ckpt of a converted GPT-2 or Llama exited 0 having measured the paper's model with the parts that
+    fit (LayerNorm, a plain MLP, sinusoids): refused, in one line."""
+    from support.configs import build_model
+    from support.runtime import save_checkpoint
+    model = build_model(dict(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, attn="t2r", **switches))
+    save_checkpoint(str(tmp_path / "model.pt"), {"model": model.state_dict(), "config": model.config.to_dict()})
+    result = run_here("bench.py", "--ckpt", "model.pt", "--out_dir", "b", cwd=tmp_path)
+    assert_one_line_error(result, "--ckpt takes the paper's model")
+    assert not list(tmp_path.glob("b/*"))  # nothing measured, nothing written

@@ -446,3 +446,14 @@ def test_a_bleu_pass_too_wide_to_fit_is_refused_before_training(run_here, traine
                       "--out_dir", "r", cwd=tmp_path)
     assert_one_line_error(result, "with --beam 100000000 would take about")
     assert not (tmp_path / "r/ckpt.pt").exists()
+
+
+def test_memory_estimates_count_the_batches_the_corpus_can_make(run_here, trained_translator, tmp_path):
+    """--decode_batch_size 1000000000 with 8 scored sentences, and --max_tokens 100000000 on a toy corpus: the
+    batches can hold no more than the data, and the run goes (both were refused as hundreds of GiB)."""
+    tmp, corpus, _ = trained_translator
+    flags = [f for f in MT_TINY if f not in ("--max_tokens", "256", "--decode_batch_size", "16")]
+    result = run_here("train_mt.py", "--dataset", corpus, *flags, "--max_tokens", "100000000", "--decode_batch_size",
+                      "1000000000", "--bleu_sentences", "8", "--max_steps", "1", "--eval_interval", "1",
+                      "--snapshot_interval", "1", "--average_last", "1", "--out_dir", str(tmp_path / "big"), cwd=tmp)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -142,6 +142,9 @@ def test_translate_file_equals_stdin(trained_translator, tmp_path, run_here):
     (["missing.txt", "--ckpt", STUDENT], "no such file"),
     (["--ckpt", STUDENT, "--beam", "0"], "--beam: 0 is not a positive integer"),
     (["--ckpt", STUDENT, "--lenpen", "nan"], "--lenpen: nan is not a finite number"),
+    (["--ckpt", STUDENT, "--max_len_a", "1e300"], "--max_len_a: 1e300 is not a number from 0 to 10000"),  # both
+    (["--ckpt", STUDENT, "--max_len_a", "1e300", "--beam", "2"], "--max_len_a: 1e300 is not a number from 0 to"),
+    (["--ckpt", STUDENT, "--max_len_b", str(10**20)], f"--max_len_b: {10**20} is not an integer from 1 to 1000000"),
 ])
 def test_translate_errors_are_one_line(run_here, trained_translator, argv, message):
     tmp, _, _ = trained_translator
@@ -184,8 +187,15 @@ def test_one_output_line_per_input_line_whatever_the_line_holds(trained_translat
     assert out.stdout.split("\n")[:-1] == translations_in_process(tmp / STUDENT, lines, "--beam", "1")
 
 
+def test_a_decoding_batch_counts_the_sentences_there_are(trained_translator, run_here):
+    """One sentence with --decode_batch_size 1000000000 was refused as 6,705.5 GiB: the batch holds one."""
+    tmp, _, _ = trained_translator
+    result = run_here("translate.py", "--ckpt", STUDENT, "--decode_batch_size", "1000000000", cwd=tmp, stdin="w1 w2\n")
+    assert result.returncode == 0 and len(result.stdout.splitlines()) == 1, result.stderr
+
+
 def test_a_beam_too_wide_to_fit_is_refused_before_decoding(trained_translator, run_here):
     tmp, _, _ = trained_translator
     result = run_here("translate.py", "--ckpt", STUDENT, "--beam", "100000000", cwd=tmp, stdin="w1 w2\n")
-    assert_one_line_error(result, "decoding 64 sentences with --beam 100000000 would take about",
+    assert_one_line_error(result, "decoding 1 sentence with --beam 100000000 would take about",
                           "lower --beam or --decode_batch_size")
