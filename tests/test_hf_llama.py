@@ -267,3 +267,14 @@ def test_the_window_hybrid_on_a_grouped_query_llama_is_a_one_line_error(tiny_lla
                             "--window", "4", "--out_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"),
                             *FINETUNE, cwd=tmp_path)
     assert_one_line_error(result, "the sliding-window hybrid takes one key/value head per query head")
+
+
+def test_a_batch_that_cannot_fit_is_refused_before_the_teacher_is_evaluated(tiny_llamas, tmp_path):
+    """--batch_size 10000000 was refused only after the teacher's evaluation (hours for a real model)."""
+    from conftest import assert_one_line_error, run_in_process
+    folder, corpus, _ = tiny_llamas["llama"]
+    flags = FINETUNE[:4] + ["--batch_size", "10000000"] + FINETUNE[6:]
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus,
+                            "--out_dir", "run", "--cache_dir", "cache", *flags, cwd=tmp_path)
+    assert_one_line_error(result, "would take about", "lower --batch_size")
+    assert "as it is (softmax, not finetuned)" not in result.stdout
