@@ -271,8 +271,18 @@ def load_model(args, device):
     return model, lm
 
 
+SAVED_DATA_FLAGS = {"dataset": (str,), "data_dir": (str, type(None)), "tokenizer": (str,), "cache_dir": (str,),
+                    "vocab_size": (int, type(None))}  # what load_tokenizer reads of a checkpoint's flags
+
+
 def load_tokenizer(checkpoint):
     saved = checkpoint.get("args", {})
+    wrong = next((name for name, kinds in SAVED_DATA_FLAGS.items() if name in saved
+                  and (not isinstance(saved[name], kinds) or isinstance(saved[name], bool))), None)
+    if wrong:
+        kind = SAVED_DATA_FLAGS[wrong][0].__name__
+        raise UserError(f"the checkpoint's saved --{wrong} is {saved[wrong]!r}, not a {kind}: it is damaged or "
+                        f"hand-made; retrain, or restore a good copy")
     try:
         return data.read_prepared(saved.get("dataset", "ptb"), saved.get("data_dir"),
                                   tokenizer=saved.get("tokenizer", "word"),

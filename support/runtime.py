@@ -461,8 +461,24 @@ def free_memory(device: torch.device) -> int | None:
         return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError):
+        free = None
+    room = address_space_left()  # under `ulimit -v` an allocation fails past the limit, however much memory is free
+    return room if free is None else free if room is None else min(free, room)
+
+
+def address_space_left() -> int | None:
+    """Bytes this process may still map under its address-space limit (ulimit -v), None where there is none."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        return max(0, limit - used)
+    except (ImportError, OSError, StopIteration, ValueError):
         return None
 
 

@@ -711,3 +711,27 @@ def test_tokens_per_second_leaves_out_evaluation(run_here, corpus, tmp_path, mon
     rates = [line.split(" tok/s")[0].rsplit("| ", 1)[1] for line in result.stdout.splitlines() if "tok/s" in line]
     print("logged tok/s:", rates)
     assert rates == ["128"] * 4
+
+
+@pytest.mark.parametrize("flag, value", [("dataset", ["ptb"]), ("cache_dir", 3), ("vocab_size", "big")])
+def test_a_checkpoint_whose_saved_data_flags_are_damaged_is_refused(run_here, trained, tmp_path, flag, value):
+    """A saved args.dataset that is not a string was a traceback in generate.py."""
+    tmp, _ = trained
+    checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
+    checkpoint["args"][flag] = value  # hand-made: no checksum of everything
+    del checkpoint["checksum_all"]
+    torch.save(checkpoint, tmp_path / "model.pt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path), f"saved --{flag} is {value!r}")
+
+
+def test_the_address_space_limit_counts_as_memory(monkeypatch):
+    """Under `ulimit -v` an allocation fails past the limit however much memory is free: a batch whose estimate
+    fitted MemAvailable but not the limit was a traceback; the estimate is now held against both."""
+    import resource
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (8 * 2**30, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))
+    room = runtime.address_space_left()
+    assert room is not None and runtime.free_memory(torch.device("cpu")) <= room < 8 * 2**30
+    with pytest.raises(runtime.UserError, match="would take about 8.0 GiB"):
+        runtime.check_fits(8 * 2**30, torch.device("cpu"), "a batch", "lower it")
