@@ -139,11 +139,12 @@ def _cache_of(dataset: str, data_dir: str | None, tokenizer: str, vocab_size: in
         raise DataError(f"unknown tokenizer {tokenizer!r}: use word or bpe, or the path of a pretrained tokenizer.json")
     vocab_size = (vocab_size or DEFAULT_BPE_VOCAB) if tokenizer == "bpe" else None
     name, sources = corpus_sources(dataset, data_dir, download)
+    # a pretrained tokenizer by its content, not its path: a copy of the folder, or a symlink to it, is the same one
     short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
-    expected = {"format": CACHE_FORMAT, "source": name, "kind": tokenizer, "bpe_vocab_size": vocab_size,
+    expected = {"format": CACHE_FORMAT, "source": name, "kind": short, "bpe_vocab_size": vocab_size,
                 "fingerprint": {split: _fingerprint(source) for split, source in sources.items()},
                 "content": {split: content_hash(source) for split, source in sources.items()}}
-    return Path(cache_dir) / f"{name}-{short}{vocab_size or ''}", sources, expected
+    return Path(cache_dir) / f"{name}-{short}{vocab_size or ''}", {**sources, "tokenizer": tokenizer}, expected
 
 
 def read_prepared(dataset: str, data_dir: str | None = None, tokenizer: str = "word", vocab_size: int | None = None,
@@ -207,7 +208,7 @@ def _fingerprint(source: str | Path) -> str:
 def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -> None:
     (folder / "meta.json").unlink(missing_ok=True)  # meta.json goes last: until then, no cache is loadable
     kind = expected["kind"]
-    tokenizer = train_tokenizer(kind, sources["train"], expected["bpe_vocab_size"])
+    tokenizer = train_tokenizer(sources["tokenizer"], sources["train"], expected["bpe_vocab_size"])  # word, bpe, a path
     vocab = tokenizer.get_vocab()  # a pretrained tokenizer (GPT-2's) has no <eos>: a line ends in its newline token
     vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n").ids[-1]
     dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
@@ -248,7 +249,9 @@ def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMD
     except (OSError, ValueError):
         return None, "unreadable meta.json"
     changed = [key for key, value in expected.items() if meta.get(key) != value
-               and not (legacy and key == "content" and "content" not in meta)]
+               and not (legacy and key == "content" and "content" not in meta)
+               and not (key == "kind" and value.startswith("pretrained-") and meta.get(key) not in ("word", "bpe"))]
+    # (a cache before kind named a pretrained tokenizer by its content kept its path: its folder's name says which)
     if changed:
         return None, f"{', '.join(changed)} changed"
     try:

@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -406,3 +407,23 @@ def test_eval_windows_rejects_bad_sizes(context, score):
     with pytest.raises(data.DataError) as error:
         next(data.eval_windows(np.arange(100), context, score))
     assert_one_line(error.value, "--eval_score")
+
+
+def test_a_pretrained_tokenizer_is_one_cache_whatever_its_path(tmp_path, monkeypatch):
+    """Two folders holding the same tokenizer.json (a model and its copy), or one reached through a symlink, share
+    one token cache: the second run rebuilt it under its own path and the first run's generate.py found none."""
+    from conftest import byte_level_bpe
+    corpus, cache = write_corpus(tmp_path / "tiny"), str(tmp_path / "cache")
+    (tmp_path / "model").mkdir()
+    byte_level_bpe(corpus).save(str(tmp_path / "model" / "tokenizer.json"))
+    shutil.copytree(tmp_path / "model", tmp_path / "copy")
+    (tmp_path / "link").symlink_to(tmp_path / "model")
+    first = data.prepare(corpus, tokenizer=str(tmp_path / "model" / "tokenizer.json"), cache_dir=cache)
+    calls = []
+    real = data.train_tokenizer
+    monkeypatch.setattr(data, "train_tokenizer", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for other in ("copy", "link"):
+        again = data.prepare(corpus, tokenizer=str(tmp_path / other / "tokenizer.json"), cache_dir=cache)
+        assert again.cache == first.cache and np.array_equal(again.train, first.train)
+    assert calls == []  # never rebuilt
+    assert data.read_prepared(corpus, tokenizer=str(tmp_path / "model" / "tokenizer.json"), cache_dir=cache)
