@@ -50,8 +50,10 @@ def generate(model, state, prompt, num_tokens: int, pick):
         yield token, logits
 
 
-def sample(logits, temperature: float, top_k: int, generator: torch.Generator):
-    """logits (B, V) -> next tokens (B,). Temperature 0, or one that float32 cannot tell from 0, is argmax."""
+def sample(logits, temperature: float, top_k: int, generator: torch.Generator, tokens: int | None = None):
+    """logits (B, V) -> next tokens (B,). Temperature 0, or one that float32 cannot tell from 0, is argmax. tokens:
+    the tokenizer's count, where the model's table has rows past it (Qwen2.5 pads it): those are never picked."""
+    logits = logits[..., :tokens]
     if temperature < torch.finfo(torch.float32).tiny:  # 1e-300 is 0 in float32: the division would give NaN
         return logits.argmax(-1)
     logits = logits.float()
@@ -264,7 +266,7 @@ def load_model(args, device):
     model = model_from_checkpoint(checkpoint, args.ckpt).to(device).eval()
     model = model if args.no_fold else inference_model(model)
     lm = load_tokenizer(checkpoint)
-    if lm.vocab_size != model.config.vocab_size:
+    if lm.vocab_size > model.config.vocab_size:  # fewer is a table padded past the tokenizer (Qwen2.5's): its rows stay
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
                         f"its data cache changed; retrain or restore the cache")
     check_identity(checkpoint, {"tokenizer": data_identity(lm)["tokenizer"]}, args.ckpt)  # same words, same ids
@@ -402,7 +404,7 @@ def main():
     recurrent = args.mode == "recurrent"
     decoder = make_decoder(model, args, max(map(len, rows)) + args.num_tokens) if recurrent else model
     print(first_line(model, decoder, args))
-    pick = partial(sample, temperature=args.temperature, top_k=args.top_k,
+    pick = partial(sample, temperature=args.temperature, top_k=args.top_k, tokens=lm.vocab_size,
                    generator=torch.Generator(device=device).manual_seed(args.seed))
     if len(rows) == 1:
         print(lm.decode(rows[0]), end="", flush=True)

@@ -318,7 +318,7 @@ def load_lm_teacher(args, task):
     lm = task.data
     if hf.is_hf(args.pretrained):
         teacher = hf.load(hf.folder_of(args.pretrained))
-        if teacher.config.vocab_size != lm.vocab_size:
+        if teacher.config.vocab_size < lm.vocab_size:  # more is a table padded past the tokenizer (Qwen2.5's): kept
             raise UserError(f"{args.pretrained} has {teacher.config.vocab_size} token embeddings, its tokenizer.json "
                             f"{lm.vocab_size} tokens: they must be the same model's")
         check_teacher({"config": teacher.config.to_dict()}, args, MODEL_FLAGS)

@@ -278,3 +278,31 @@ def test_a_batch_that_cannot_fit_is_refused_before_the_teacher_is_evaluated(tiny
                             "--out_dir", "run", "--cache_dir", "cache", *flags, cwd=tmp_path)
     assert_one_line_error(result, "would take about", "lower --batch_size")
     assert "as it is (softmax, not finetuned)" not in result.stdout
+
+
+def test_a_table_padded_past_the_tokenizer_converts_and_never_samples_the_padding(tiny_llamas, tmp_path):
+    """Qwen2.5 pads its embedding table past its tokenizer (151,936 rows, 151,665 tokens): it was refused. The rows
+    are kept, the model converts and finetunes, and generation picks tokens of the tokenizer only, however likely
+    a padding row is made."""
+    from conftest import run_in_process
+    import generate
+    folder, corpus, reference = tiny_llamas["qwen2"]
+    padded = tmp_path / "padded"
+    shutil.copytree(folder, padded)
+    tokens = reference.config.vocab_size
+    model = transformers.Qwen2ForCausalLM(reference.config)
+    model.load_state_dict(reference.state_dict())
+    model.resize_token_embeddings(tokens + 36)
+    model.save_pretrained(padded)
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{padded}", "--dataset", corpus,
+                            "--out_dir", "run", "--cache_dir", "cache", *FINETUNE, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    saved = torch.load(tmp_path / "run/model.pt", weights_only=True)
+    assert saved["config"]["vocab_size"] == tokens + 36  # the padding rows kept
+    out = run_in_process("generate.py", "--ckpt", "run/model.pt", "--num_tokens", "8", "--seed", "3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    logits = torch.zeros(4, tokens + 36)
+    logits[:, tokens:] = 1e4  # the padding rows far the likeliest
+    for temperature in (0.0, 1.0):
+        picked = generate.sample(logits, temperature, 0, torch.Generator().manual_seed(0), tokens=tokens)
+        assert (picked < tokens).all()
