@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from families import FamilyConfig, FamilyLM, GroupedAttention
+from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
 from t2r import (LinearAttention, Seq2SeqTransformer, add_to_state, convert, linear_attention_chunked_sums,
                  normalize, softmax_attention)
@@ -199,8 +199,7 @@ def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_ma
     position: the rotary angles where the model has them (families.py)."""
     q, k, v = (t.detach() for t in layer.project(x, x if source is None else source, **position))  # only phi, g learn
     cross, group = source is not None, q.shape[1] // k.shape[1]  # group > 1: grouped-query heads (families.py)
-    target = softmax_attention(q, *(t.repeat_interleave(group, 1) for t in (k, v)), layer.causal and not cross,
-                               key_mask)  # Eq. 2
+    target = softmax_attention(q, shared(k, group), shared(v, group), layer.causal and not cross, key_mask)  # Eq. 2
     own = layer.attend(q, k, v, cross, key_mask)
     errors[layer] = (own - target.to(own.dtype)).pow(2).mean((1, 3))  # (B, T), mean over heads and d
     return layer.merge(target)

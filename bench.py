@@ -35,8 +35,9 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     measure_step, memory_readings, ratio_rows, row, sru_theory_ratio, step_runner,
                                     steps_per_s, theory_ratio, time_shares)
 from layers.states import state_bytes
-from support.configs import config_of
-from support.runtime import UserError, decoding_kernels, is_sru, load_checkpoint, run_main
+from support.configs import config_of, is_sru
+from support.runtime import UserError, decoding_kernels, load_checkpoint, run_main
+from t2r import Config
 from translate import decode_speed, load_run
 
 
@@ -295,9 +296,9 @@ def main(argv=None):
         if checkpoint["config"].get("n_encoder_layer"):
             raise UserError(f"{args.ckpt} is a translator: --ckpt takes the shapes of a language model (pass "
                             f"a finished train_mt.py run to --mt_runs)")
-        kind = type(config_of(checkpoint["config"])).__name__
-        if kind != "Config":  # bench.py builds the paper's models: their parts would be left random, or not fit
-            raise UserError(f"{args.ckpt} holds a {kind} model (a Hugging Face family's, or the window hybrid): "
+        config = config_of(checkpoint["config"])
+        if type(config) is not Config:  # bench.py builds the paper's models: their parts would be left random
+            raise UserError(f"{args.ckpt} holds a {type(config).__name__} model (a Hugging Face family's, or the window hybrid): "
                             f"--ckpt takes the paper's model; python -m experiments.gpt2_cost and "
                             f"experiments.llama_cost measure GPT-2 and Llama shapes")
         args.ckpt_config, args.ckpt_state = checkpoint["config"], checkpoint["model"]

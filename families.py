@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers.embedding import Embedding, sinusoidal_positions
+from layers.embedding import Embedding
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (FEATURE_MAPS, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
@@ -171,15 +171,14 @@ class FamilyEmbedding(Embedding):
             raise ValueError(f"position {end - 1} is past the {self.pos.num_embeddings} learned positions")
 
     def forward(self, tokens, start=0):  # tokens: (B, T) from position start (an int or a 0-dim tensor) -> (B, T, h)
-        embedded = self.tok(tokens)
-        if self.rotary:
-            return self.drop(embedded * self.scale)
-        positions = torch.arange(tokens.shape[1], device=tokens.device) + start
-        if self.pos is None:
-            return self.drop((embedded * self.scale + sinusoidal_positions(positions, self.d_model)).to(embedded.dtype))
-        if isinstance(start, int):  # a tensor start is checked by its caller (a CUDA graph, once for all its steps)
-            self.check_end(start + tokens.shape[1])
-        return self.drop(embedded * self.scale + self.pos(positions).to(embedded.dtype))
+        if self.pos is None and not self.rotary:  # sinusoids: the paper's (a window hybrid's model, a scaled one)
+            return super().forward(tokens, start)
+        embedded = self.tok(tokens) * self.scale
+        if not self.rotary:
+            if isinstance(start, int):  # a tensor start is checked by its caller (a CUDA graph, once for all steps)
+                self.check_end(start + tokens.shape[1])
+            embedded = embedded + self.pos(torch.arange(tokens.shape[1], device=tokens.device) + start).to(embedded.dtype)
+        return self.drop(embedded) if self.training else embedded
 
     def rotation(self, length: int, start=0, dtype=torch.float32):
         """(cos, sin), each (length, d), of positions start .. start + length - 1; None without rotary positions."""

@@ -216,6 +216,3 @@ class SRUppLM(nn.Module):
             x = layer.step(x, layer_state)
         state["pos"] += 1
         return self.lm_head(x), state
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from support import mt_data
-from support.data import text_lines
+from support.corpora import text_lines
 from support.inference import compile_step, inference_model
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,

@@ -33,7 +33,8 @@ import torch
 from after_t2r import WindowAttention, window_weights
 from support import data
 from support.configs import feature_sizes
-from support.runtime import (Parser, UserError, get_device, is_sru, load_checkpoint, model_from_checkpoint,
+from support.configs import is_sru
+from support.runtime import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint,
                              print_config, run_main, seed, write_csv)
 from layers.states import full_precision, state_dtype
 from t2r import SoftmaxAttention, convert, linear_attention_quadratic, normalize

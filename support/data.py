@@ -30,7 +30,6 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from support.corpora import SPLITS, DataError, corpus_sources, text_chunks
-from support.corpora import text_lines  # noqa: F401  translate.py reads it from here (support/corpora.py holds it)
 from support.runtime import atomic_write
 
 try:

@@ -1,8 +1,8 @@
 """
 A Hugging Face model as the pretrained transformer that T2R converts (section 2.2): GPT-2, or one of the Llama family
-(Llama, Qwen2, Mistral; SmolLM2 is a Llama). GPT-2 is t2r.TransformerLM with learned positions, the tanh GELU and an
-unscaled token embedding; a Llama is t2r.TransformerLM with RMSNorm, SwiGLU, rotary positions and grouped-query
-attention (the switches at the end of t2r.Config). Each family has a table of where each of its tensors lands.
+(Llama, Qwen2, Mistral; SmolLM2 is a Llama), read into families.FamilyLM: GPT-2 with learned positions, the tanh GELU
+and an unscaled token embedding; a Llama with RMSNorm, SwiGLU, rotary positions and grouped-query attention (the
+fields of families.FamilyConfig). Each family has a table of where each of its tensors lands.
 
     python train_lm.py --init pretrained --pretrained hf:gpt2     # download GPT-2 (124M), convert, finetune on PTB
     python train_lm.py --init pretrained --pretrained hf:./gpt2   # a folder of config.json, model.safetensors and
@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from support.runtime import UserError, non_finite_weights
-from families import FamilyConfig, FamilyLM
+from families import FamilyConfig, FamilyLM, is_number
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER
 FILES = ["config.json", "tokenizer.json", "*.safetensors*"]  # what a download fetches: the weights, sharded or not
@@ -113,7 +113,7 @@ def read_settings(folder: str) -> dict:
 
 
 def read_config(folder: str, settings: dict | None = None) -> FamilyConfig:
-    """Our Config of the folder's config.json (its settings, if read already), for each family its own reading; any
+    """Our FamilyConfig of the folder's config.json (its settings, if read already), for each family its own reading; any
     other family is refused."""
     settings, where = settings or read_settings(folder), os.path.join(folder, "config.json")
     family = settings.get("model_type")
@@ -126,7 +126,7 @@ def read_config(folder: str, settings: dict | None = None) -> FamilyConfig:
 
 
 def gpt2_config(settings: dict, where: str) -> FamilyConfig:
-    """Our Config of the settings of a GPT-2 config.json, refusing any that would compute something else."""
+    """Our FamilyConfig of the settings of a GPT-2 config.json, refusing any that would compute something else."""
     sizes = {key: settings.get(key) for key in ("vocab_size", "n_layer", "n_head", "n_embd", "n_positions")}
     wrong = next((key for key, value in sizes.items() if type(value) is not int or value < 1), None)  # true is no int
     if wrong and wrong in settings:
@@ -173,11 +173,11 @@ def rope_settings(settings: dict, where: str = "config.json") -> tuple:
         raise UserError(f"{where} has rope_theta={theta!r}: the rotary base is a positive number (10000 for most)")
     kind = rope.get("rope_type", rope.get("type", "default"))
     scaling = {key: value for key, value in rope.items() if key not in ("rope_theta", "type", "rope_type")}
-    return rope.get("rope_theta", 10_000.0), (None if kind == "default" else {**scaling, "rope_type": kind})
+    return theta, (None if kind == "default" else {**scaling, "rope_type": kind})
 
 
 def llama_config(settings: dict, where: str) -> FamilyConfig:
-    """Our Config of a Llama, Qwen2 or Mistral config.json, refusing any setting that would compute otherwise."""
+    """Our FamilyConfig of a Llama, Qwen2 or Mistral config.json, refusing any setting that would compute otherwise."""
     family, get = settings["model_type"], settings.get
     names = ("vocab_size", "num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size")
     wrong = next((key for key in names if type(get(key)) is not int or get(key) < 1), None)
@@ -209,14 +209,14 @@ def llama_config(settings: dict, where: str) -> FamilyConfig:
 
 
 def is_positive_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    return is_number(x) and math.isfinite(x) and x > 0
 
 
 def check_dropouts(settings: dict, where: str, keys: tuple):
     """Each dropout config.json names is a number in [0, 1): a string or 1.5 would break later, as a traceback."""
     for key in keys:
         value = settings.get(key, 0.0)
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1):
+        if not (is_number(value) and 0 <= value < 1):
             raise UserError(f"{where} has {key}={value!r}: a dropout is a number in [0, 1)")
 
 

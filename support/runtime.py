@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten
 
-from support.configs import build_model, is_sru  # noqa: F401 (is_sru: the scripts take it from here)
+from support.configs import build_model
+from t2r import Config
 
 
 # -----------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def print_config(title: str, values):
     """One line, `title: name=value, ...`. values: a dict, or a model's config (a dataclass): then only the fields that
     differ from its class's defaults, and the class named unless it is the paper's Config."""
     if is_dataclass(values):
-        title, values = (title if type(values).__name__ == "Config" else f"{title} ({type(values).__name__})",
+        title, values = (title if type(values) is Config else f"{title} ({type(values).__name__})",
                          changed_fields(values))
     print(f"{title}: " + (", ".join(f"{k}={v}" for k, v in values.items()) or "the defaults"))
 

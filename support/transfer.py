@@ -17,7 +17,9 @@ class TransferFirst:
     """A trainer's task with the transfer stage's steps before its own: steps 0 .. T - 1 minimise the layers'
     transfer errors at their own warmup and cosine rate (--transfer_lr), then the task's steps follow as they would
     alone (its rate counted from the stage's end). At step T the finished stage is evaluated as a run's end is
-    (results.json's after_transfer). Everything else is the task's."""
+    (results.json's after_transfer). Everything else is the task's. Steps: the task's lr and loss count from the stage's
+    end; everything else (after_step, its snapshots, task.steps, raised by T here) counts the run's steps, as its
+    checkpoints do."""
 
     def __init__(self, task, checkpoint: dict | None):
         self.task, self.transfer_steps = task, task.args.transfer_steps
