@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from layers.embedding import Embedding
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
-from t2r import (FEATURE_MAPS, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
+from t2r import (Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
                  TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, read_state,
                  softmax_attention)
 
@@ -252,9 +252,7 @@ class GroupedLinearAttention(GroupedAttention, LinearAttention):
     """One feature map per key/value head, which its query heads share: the state holds n heads, not H."""
 
     def __init__(self, config: FamilyConfig, causal: bool, kind: str, feature_size: int):
-        super().__init__(config, causal, kind, feature_size)
-        if self.group > 1:
-            self.feature_map = FEATURE_MAPS[kind](self.n_kv_head, self.d_head, feature_size)
+        super().__init__(config, causal, kind, feature_size)  # one map per key/value head, built once
         self.rotary = config.rope_theta > 0
 
     def forward(self, x, source=None, key_mask=None, rotation=None):

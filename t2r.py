@@ -307,7 +307,8 @@ class LinearAttention(Attention):
         super().__init__(config, causal)
         self.kind, self.chunk_size = kind, config.chunk_size if causal else 0
         self.feature_size = self.d_head if kind == "elu" else feature_size
-        self.feature_map = FEATURE_MAPS[kind](self.n_head, self.d_head, feature_size)
+        heads = self.k_proj.out_features // self.d_head  # one map per head of keys (H here; fewer in families.py)
+        self.feature_map = FEATURE_MAPS[kind](heads, self.d_head, feature_size)
 
     def forward(self, x, source=None, key_mask=None):
         q, k, v = self.project(x, x if source is None else source)
