@@ -27,7 +27,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bench_flags import get_args
+from benchmarks.bench_flags import QUICK_CAPACITY, get_args
 from benchmarks.bench_models import (CAPACITY_MODELS, LM_MODELS, PAIRS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm,
                                      build_s2s, lm_config, train_model, translator_name)
 from benchmarks.bench_report import machine_line, value, write_all
@@ -36,6 +36,7 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     steps_per_s, theory_ratio, time_shares)
 from layers.states import state_bytes
 from support.configs import config_of, is_sru
+from support.fla_kernel import fla_available
 from support.runtime import UserError, decoding_kernels, load_checkpoint, run_main
 from t2r import Config
 from translate import decode_speed, load_run
@@ -184,7 +185,7 @@ def bench_capacity(args, rows):
     L = args.capacity_length
     for name in [n for n in CAPACITY_MODELS if not args.models or n in args.models]:
         model, _ = build_lm(name, args)
-        batch = largest_batch(model, L, args.device)
+        batch = largest_batch(model, L, args.device, most=QUICK_CAPACITY if args.quick else None)
         tokens_per_s = batch * steps_per_s(model, batch, L, args.device) if batch else 0.0
         rows += [row("capacity", name, batch, L, "largest_batch", batch, "seq"),
                  row("capacity", name, batch, L, "tokens_per_s", tokens_per_s, "tok/s")]
@@ -265,12 +266,17 @@ def training_step(section, name, L, args):
     return step
 
 
+def skipped(section, name, L, args) -> bool:
+    """The quadratic forms only up to --quadratic_max; an SRU++ layer is not an attention layer; fla's kernel runs
+    on CUDA only, where the package is installed."""
+    return ((name in ("softmax_math", "t2r_quadratic") and L > args.quadratic_max)
+            or (name in SRU_MODELS and section == "train_attn")
+            or (name == "t2r_fla" and not (section == "train_attn" and args.device.type == "cuda" and fla_available())))
+
+
 def bench_training(section, args, rows):
     for L in args.train_lengths:
-        for name in TRAIN_MODELS:
-            if (name in ("softmax_math", "t2r_quadratic") and L > args.quadratic_max) or \
-                    (name in SRU_MODELS and section == "train_attn"):  # an SRU++ layer is not an attention layer
-                continue
+        for name in [n for n in TRAIN_MODELS if not skipped(section, n, L, args)]:
             ms, peak = measure_step(training_step(section, name, L, args), args)
             rows += [row(section, name, args.train_batch, L, "ms", ms, "ms"),
                      row(section, name, args.train_batch, L, "peak_bytes", peak, "B")]

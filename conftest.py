@@ -67,6 +67,7 @@ def run_in_process(script, *args, cwd, stdin=""):
         patch.chdir(cwd)
         patch.setattr(sys, "argv", [script, *map(str, args)])
         patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+        patch.setattr(torch.cuda, "is_available", lambda: False)  # on the CPU, as run() gives a script (SCRIPT_ENV)
         torch.set_num_threads(1)
         try:
             if script.endswith(".py"):

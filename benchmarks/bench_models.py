@@ -12,6 +12,7 @@ from generate import CapturedStep
 from support.inference import compile_step
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
+from support.fla_kernel import FlaLinearAttention, fla_available
 from support.runtime import load_checkpoint
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, fold
 
@@ -56,6 +57,7 @@ TRAIN_MODELS = {
     "t2r_quadratic": "T2R with chunk_size 0, also T x T (up to --quadratic_max)",
     "t2r_chunked": "T2R with chunk_size 64: linear in T",
     "t2r_window64": "T2R chunked with a softmax window of 64: the hybrid's training form, linear in T",
+    "t2r_fla": "T2R chunked with flash-linear-attention's chunk kernel (support/fla_kernel.py; CUDA, if installed)",
     **{name: spec[1] + " (whole-LM section only)" for name, spec in SRU_MODELS.items()},
 }
 WINDOW = 64  # the W of the window models
@@ -144,6 +146,7 @@ def train_model(section, name, args):
             return SoftmaxAttention(config, causal=True).to(args.device)
         if window:
             return WindowAttention(config, "t2r", 32).to(args.device)
-        return LinearAttention(config, True, "t2r", 32).to(args.device)
+        layer = (FlaLinearAttention if name == "t2r_fla" else LinearAttention)(config, True, "t2r", 32)
+        return layer.to(args.device)
     model = build_model(lm_config(args, attn=kind, feature_size=32, chunk_size=chunk, window=window, dropout=0.1))
     return load_fitting(model, args).to(args.device).train()

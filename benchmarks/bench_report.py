@@ -91,7 +91,9 @@ def ratios(rows, args) -> list:
              ("train attn: t2r_chunked ms at 8192 / at 4096", attn("t2r_chunked", 8192, "ms"),
               attn("t2r_chunked", 4096, "ms"), "<=", 2.3),
              ("train attn 16384: t2r_chunked ms / softmax_sdpa ms (the GPU's flash kernel)",
-              attn("t2r_chunked", 16384, "ms"), attn("softmax_sdpa", 16384, "ms"), "<=", 1.0)]
+              attn("t2r_chunked", 16384, "ms"), attn("softmax_sdpa", 16384, "ms"), "<=", 1.0),
+             ("train attn 16384: t2r_fla ms / softmax_sdpa ms (fla's chunk kernel against flash)",
+              attn("t2r_fla", 16384, "ms"), attn("softmax_sdpa", 16384, "ms"), "<=", 1.0)]
     out = []
     for what, top, bottom, op, goal in plan:
         a, b = value(rows, *top), 1 if bottom is None else value(rows, *bottom)

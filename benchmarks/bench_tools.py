@@ -282,8 +282,11 @@ def fits(model, batch: int, length: int, device) -> bool:
         torch.cuda.empty_cache()
 
 
-def largest_batch(model, length: int, device) -> int:
-    """Doubling, then bisection to within 1/64: the largest batch that fits (0 if not even one sequence)."""
+def largest_batch(model, length: int, device, most: int | None = None) -> int:
+    """Doubling, then bisection to within 1/64: the largest batch that fits (0 if not even one sequence), or `most`
+    if that fits (--quick: a smoke test must not take the whole GPU from the tests beside it)."""
+    if most and fits(model, most, length, device):
+        return most
     low, high = 0, 1
     while fits(model, high, length, device):
         low, high = high, 2 * high
