@@ -40,12 +40,19 @@ NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "
          "t2r-transfer-window": "T2R + transfer + window", "sru++": "SRU++"}
 HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "t2r75top": "the top layer kept"}
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
+DOUBLED = "2x"  # the suffix of a model trained at twice every budget (teacher, finetuning, T2R from scratch)
 RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
 
 
+def doubled(model: str) -> bool:
+    return model.endswith(f"-{DOUBLED}")
+
+
 def model_name(model: str, init: str) -> str:
     """A table row's name: "T2R + pretrain", "ELU + random init", the teacher, the softmax control."""
+    if doubled(model):
+        return f"{model_name(model.removesuffix('-' + DOUBLED), init)}, at twice every budget"
     if (model, init) == ("softmax", "pretrained"):
         return "Transformer trained on for the finetuning steps (control)"
     if model == RETRAINED_TEACHER:

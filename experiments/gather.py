@@ -11,7 +11,7 @@ import os
 
 import torch
 from sacrebleu.metrics import BLEU
-from experiments.claims import RETRAINED_TEACHER
+from experiments.claims import RETRAINED_TEACHER, doubled
 from experiments.probes import MAIN_K, attention_checkpoints
 from experiments.records import RETRAINED
 from experiments.runs import read_json, shorten, state
@@ -49,10 +49,11 @@ def table1_rows(lm: list) -> list:
 
 def curve_rows(task: str, runs: list) -> list:
     """The learning curves (validation perplexity against training tokens) of every seed-0 run but the Fig. 4
-    ones: each run's results.json keeps [step, tokens, validation loss] for each evaluation."""
+    ones and those at twice the budget: each run's results.json keeps [step, tokens, validation loss] for each
+    evaluation."""
     rows = []
     for run in finished(runs):
-        if run.row.get("seed", 0) != 0 or run.row["model"] == "t2r-frozen" or \
+        if run.row.get("seed", 0) != 0 or run.row["model"] == "t2r-frozen" or doubled(run.row["model"]) or \
                 (run.row["model"] == "t2r" and run.row.get("k", MAIN_K) not in (MAIN_K, None)):
             continue
         for step, tokens, loss in read_json(os.path.join(run.out_dir, "results.json")).get("curve", []):

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from experiments.claims import LONGER  # the row of T2R from scratch for the conversion's total steps
+from experiments.claims import DOUBLED, LONGER  # rows: T2R from scratch for the conversion's steps; twice the budget
 from experiments.gather import gather
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import UNCHECKED, Records, machine, same_value, weights_of
@@ -52,6 +52,7 @@ from t2r import Config
 
 RFA_K = 2 * MAIN_K  # RFA's k = 32 random projections, each giving a sin and a cos feature, as in the authors' code
 SEEDS = (0, 1)  # the + pretrain rows run with each; the others with the first
+LONGER_SEEDS = (0, 1, 2)  # the equal-budget control's seeds
 # The + pretrain rows beyond T2R, ELU and RFA: model name -> the flags that make it (the sizes from LM_SIZES)
 CONVERSIONS = {
     "t2r75": lambda size: {"keep_softmax_every": 4},  # the 4th, 8th, ... layer from the top kept softmax
@@ -91,8 +92,11 @@ def lm_runs(out: str, size: dict) -> list:
     runs += [run("random", "t2r", MAIN_K, 0), run("random", "elu", elu_k, 0), run("random", "rfa", RFA_K, 0),
              sru_run(out, pretrain, size)]
     # a control at equal total steps: T2R + pretrain trained for the teacher's steps and the finetuning's, so T2R
-    # from scratch gets as many in one run of that length (its own warmup and cosine decay, not a restart)
-    runs.append(run("random", "t2r", MAIN_K, 0, model=LONGER, extra={"max_steps": longer_steps(size)}))
+    # from scratch gets as many in one run of that length (its own warmup and cosine decay, not a restart); three
+    # seeds, so that the gap to T2R + pretrain can be set against the seeds' spread
+    runs += doubled_budget(run, size)  # first: the longest runs of the plan
+    runs += [run("random", "t2r", MAIN_K, seed, model=LONGER, extra={"max_steps": longer_steps(size)})
+             for seed in LONGER_SEEDS]
     # Fig. 4 (and Figs. 5-6): T2R at every feature size, pretrained, with the MLP frozen, and from scratch
     runs += [run("pretrained", "t2r", k, 0) for k in FEATURE_SIZES if k != MAIN_K]
     runs += [run("pretrained", "t2r", k, 0, model="t2r-frozen", extra={"freeze_feature_map": True})
@@ -103,6 +107,18 @@ def lm_runs(out: str, size: dict) -> list:
 
 def longer_steps(size: dict) -> int:
     return size["pretrain_steps"] + size["finetune_steps"]
+
+
+def doubled_budget(run, size: dict) -> list:
+    """The equal-budget comparison again at twice every budget: a teacher trained twice as long, its T2R finetuned
+    twice as long, and T2R from scratch for both together. Does the verdict hold as the budget grows?"""
+    teacher = run("random", "softmax", None, 0, model=f"softmax-{DOUBLED}",
+                  extra={"max_steps": 2 * size["pretrain_steps"]})
+    conversion = run("pretrained", "t2r", MAIN_K, 0, model=f"t2r-{DOUBLED}",
+                     extra={"pretrained": os.path.join(teacher.out_dir, "ckpt.pt"),
+                            "max_steps": 2 * size["finetune_steps"]})
+    scratch = run("random", "t2r", MAIN_K, 0, model=f"{LONGER}-{DOUBLED}", extra={"max_steps": 2 * longer_steps(size)})
+    return [teacher, scratch, conversion]  # the two long runs first: the conversion waits for its teacher
 
 
 def sru_run(out: str, pretrain: dict, size: dict) -> Run:
@@ -139,7 +155,11 @@ def mt_runs(out: str, size: dict) -> list:
         name = f"{model}-pretrained-s0"
         flags = {**finetune, "attn": "t2r", **CONVERSIONS[model](size), "out_dir": os.path.join(out, "mt", name)}
         runs.append(Run(name, "train_mt.py", flags, dict(model=model, init="pretrained")))
-    return runs
+    # the equal-budget control: T2R from scratch for the teacher's steps and the finetuning's together
+    name = f"{LONGER}-random-s0"
+    flags = {**pretrain, "attn": "t2r", "max_steps": size["pretrain_steps"] + size["finetune_steps"],
+             "out_dir": os.path.join(out, "mt", name)}
+    return runs + [Run(name, "train_mt.py", flags, dict(model=LONGER, init="random"))]
 
 
 # -----------------------------------------------------------------------------

@@ -204,19 +204,24 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
         assert (model, "random", k, 0) in rows
     for k in study.FEATURE_SIZES:
         assert {("t2r", "pretrained", k, 0), ("t2r", "random", k, 0), ("t2r-frozen", "pretrained", k, 0)} <= rows
+    assert {(study.LONGER, "random", 32, seed) for seed in (0, 1, 2)} <= rows  # the control on three seeds
+    doubled = {f"softmax-{study.DOUBLED}", f"t2r-{study.DOUBLED}", f"{study.LONGER}-{study.DOUBLED}"}
+    assert {r.row["model"] for r in lm} >= doubled
     assert lm[0].row["model"] == "softmax", "the teacher trains first"
     size = study.LM_SIZES["full"]
     for r in lm:
-        flags = r.flags
-        if r.row["model"] == study.LONGER:  # the control: the conversion's total steps, from scratch
-            assert flags["max_steps"] == size["pretrain_steps"] + size["finetune_steps"] and "init" not in flags
+        flags, twice = r.flags, 2 if r.row["model"] in doubled else 1
+        teacher = next(t for t in lm if t.row["model"] == ("softmax" if twice == 1 else f"softmax-{study.DOUBLED}"))
+        if r.row["model"].startswith(study.LONGER):  # the control: the conversion's total steps, from scratch
+            assert flags["max_steps"] == twice * (size["pretrain_steps"] + size["finetune_steps"])
+            assert "init" not in flags
         elif r.row["init"] == "random":  # the teacher's budget, from scratch
-            assert flags["max_steps"] == size["pretrain_steps"] and "init" not in flags
+            assert flags["max_steps"] == twice * size["pretrain_steps"] and "init" not in flags
             assert flags["lr"] == study.LM_LR["pretrain"] and flags["d_model"] == 128
         else:  # a fifth of it, from the teacher
-            assert flags["max_steps"] == size["finetune_steps"] and flags["init"] == "pretrained"
+            assert flags["max_steps"] == twice * size["finetune_steps"] and flags["init"] == "pretrained"
             assert flags["lr"] == study.LM_LR["finetune"]
-            assert flags["pretrained"] == os.path.join(lm[0].out_dir, "ckpt.pt")
+            assert flags["pretrained"] == os.path.join(teacher.out_dir, "ckpt.pt")
         assert flags.get("keep_softmax_every") == (4 if r.row["model"] in ("t2r75", "t2r75top") else None)
         assert flags.get("keep_softmax_from") == ("top" if r.row["model"] == "t2r75top" else None)
         assert ("transfer_steps" in flags) == ("transfer" in r.row["model"])
@@ -225,7 +230,7 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
         if r.row["model"] == "sru++":  # no transformer flag: train_lm.py refuses them for SRU++
             assert flags["arch"] == "sru++" and not {"attn", "n_head", "d_ff", "feature_size"} & set(flags)
         else:
-            assert flags["attn"] == ("t2r" if r.row["model"].startswith("t2r") else r.row["model"])
+            assert flags["attn"] == ("t2r" if r.row["model"].startswith("t2r") else r.row["model"].split("-")[0])
             assert flags.get("feature_size") == r.row["k"]
         assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
     assert 5 * size["finetune_steps"] == size["pretrain_steps"]  # finetuning: a fifth of the pretraining steps
@@ -235,7 +240,8 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
     assert [(r.row["model"], r.row["init"]) for r in mt] == [
         ("softmax", "random"), ("t2r", "pretrained"), ("elu", "pretrained"), ("rfa", "pretrained"), ("t2r", "random"),
         ("softmax", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
-        ("t2r-transfer-window", "pretrained")]
+        ("t2r-transfer-window", "pretrained"), (study.LONGER, "random")]
+    assert mt[-1].flags["max_steps"] == mt_size["pretrain_steps"] + mt_size["finetune_steps"]  # the equal budget
     assert mt[5].flags["attn"] == "softmax" and mt[5].flags["init"] == "pretrained"  # the teacher trained on
     rfa = mt[3].flags  # Table 2's 4 causal and 32 cross projections, two features each
     assert (rfa["attn"], rfa["feature_size"], rfa["cross_feature_size"]) == ("rfa", 8, 64)
@@ -278,8 +284,8 @@ def test_a_dry_run_counts_the_runs_kept_under_results_as_done_and_restores_nothi
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
     print(result.stdout[-400:])
-    assert "46 runs, 0 already done" in result.stdout  # the language models and the translators
-    assert "[37/46] t2r-random-k64-s0: todo" in result.stdout
+    assert "52 runs, 0 already done" in result.stdout  # the language models and the translators
+    assert "[42/52] t2r-random-k64-s0: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
 
@@ -304,8 +310,9 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
     """Made-up results.json, speed.json and the analysis' raw table, built so that every claim holds."""
     ppl = {"softmax": 100.0, "t2r": 110.0, "t2r75": 99.3, "t2r75top": 99.3, "elu": 130.0, "rfa": 125.0,
            "t2r-frozen": 115.0, "t2r-transfer": 108.0, "t2r-window": 106.0, "t2r-transfer-window": 105.0, "sru++": 112.0,
-           study.LONGER: 110.0}
-    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0, "sru++": 0.0, study.LONGER: 15.0}  # what
+           study.LONGER: 110.0, "softmax-2x": 95.0, "t2r-2x": 104.0, "t2r-longer-2x": 104.0}
+    from_scratch = {"softmax": 0.0, "t2r": 20.0, "elu": 5.0, "rfa": 5.0, "sru++": 0.0, study.LONGER: 15.0,
+                    "softmax-2x": 0.0, "t2r-longer-2x": 15.0}  # what
     # random init costs (T2R trained longer from scratch: less)
     curve = [[1, 100, 5.0], [2, 200, 4.8], [3, 300, 4.7], [4, 400, 4.699]]  # converged: 0.1% in the last fifth
     converted_curve = [[1, 100, 4.69], [2, 200, 4.68]]  # below the from-scratch end in a quarter of its tokens
@@ -320,9 +327,9 @@ def fake_runs(out: str, lm_plan: list, mt_plan: list):
     bleu = {("softmax", "random"): 20.0, ("t2r", "pretrained"): 19.5, ("elu", "pretrained"): 19.0,
             ("rfa", "pretrained"): 18.5, ("t2r", "random"): 17.0, ("t2r-transfer", "pretrained"): 19.6,
             ("t2r-window", "pretrained"): 19.7, ("t2r-transfer-window", "pretrained"): 19.8,
-            ("softmax", "pretrained"): 20.3}
+            ("softmax", "pretrained"): 20.3, (study.LONGER, "random"): 18.0}
     speed_ = {"softmax": 500.0, "t2r": 900.0, "elu": 800.0, "rfa": 850.0, "t2r-transfer": 900.0, "t2r-window": 850.0,
-              "t2r-transfer-window": 850.0}
+              "t2r-transfer-window": 850.0, study.LONGER: 900.0}
     for r in mt_plan:
         b = bleu[(r.row["model"], r.row["init"])]
         fake_json(os.path.join(r.out_dir, "results.json"), {
@@ -360,17 +367,19 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     study_report.write_report(results)
     lm = read_rows(os.path.join(results, "lm_ptb.csv"))
     assert list(lm[0]) == gather.LM_COLUMNS
-    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", study.LONGER, *study.CONVERSIONS}
+    doubled = {f"{model}-{study.DOUBLED}" for model in ("softmax", "t2r", study.LONGER)}
+    assert {r["model"] for r in lm} == {"softmax", "elu", "rfa", "t2r", "sru++", study.LONGER, *study.CONVERSIONS,
+                                        *doubled}
     assert {r["k"] for r in lm if r["model"].startswith("t2r")} == {"32"}, "Table 1 is at k = 32"
     mt = read_rows(os.path.join(results, "mt.csv"))
-    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 9
+    assert list(mt[0]) == gather.MT_COLUMNS and len(mt) == 10
     curves = read_rows(os.path.join(results, "curves.csv"))
     assert {(r["task"], r["model"]) for r in curves if r["step"] == "4"} >= {("lm", "t2r"), ("mt", "softmax")}
     att = read_rows(os.path.join(results, "attention.csv"))
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
     with open(os.path.join(results, "machine.json")) as f:
         machine = json.load(f)
-    assert machine["runs_finished"] == machine["runs_planned"] == 46
+    assert machine["runs_finished"] == machine["runs_planned"] == 52
     assert machine["attention_models"][0] == machine["attention_models"][1] > 0
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
     assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
