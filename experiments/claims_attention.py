@@ -7,7 +7,8 @@ a difference or a trend is read against the noise the runs show (experiments/ver
     python -m pytest -q tests/test_claims.py         # each claim against made-up rows
 """
 
-from experiments.verdicts import NOT_MEASURED, STRONG, group, half_range, ordering, pearson, spearman, verdict
+from experiments.verdicts import (NOT_MEASURED, SIGNIFICANT, STRONG, group, half_range, ordering, pearson,
+                                 permutation_p, spearman, verdict)
 
 
 def feature_claims(fs: list, att: list, lm: list = ()) -> list:
@@ -49,8 +50,6 @@ def by_k(att: list, stage: str, column: str) -> dict:
     return {r["k"]: r[column] for r in group(att, stage=stage) if r[column] is not None}
 
 
-MUCH_CLOSER = 0.5  # "much closer": the distance at least halved at every k
-
 
 def distance_claims(att: list) -> list:
     before, tuned = by_k(att, "before_finetuning", "distance"), by_k(att, "finetuned", "distance")
@@ -61,10 +60,15 @@ def distance_claims(att: list) -> list:
     change = {k: tuned[k] / before[k] - 1 for k in ks}
     # the k-trend is only read where it exceeds how much the starting points (before finetuning) already differ
     trend, noise = tuned[ks[-1]] - tuned[ks[0]], half_range(list(before.values()))
-    return [("Fig. 5: finetuning makes the attention much closer to the teacher's (at least halves the distance)",
-             "distance after finetuning far below before, at every k",
-             ", ".join(f"k={k}: {before[k]:.4f} -> {tuned[k]:.4f} ({100 * change[k]:+.0f}%)" for k in ks),
-             verdict(all(c <= -MUCH_CLOSER for c in change.values()))),
+    # the paper shows the distance falling and gives no number: the verdict is on the direction at every k, beyond
+    # the starting points' spread; the size is reported
+    fall = [before[k] - tuned[k] for k in ks]
+    closer = "yes" if min(fall) > noise else "**no**" if min(fall) < -noise else "within noise"
+    return [("Fig. 5: finetuning brings the attention closer to the teacher's at every k (the size reported: the "
+             "paper gives none)", "distance after finetuning below before, at every k",
+             ", ".join(f"k={k}: {before[k]:.4f} -> {tuned[k]:.4f} ({100 * change[k]:+.0f}%)" for k in ks)
+             + f"; {100 * -max(change.values()):.0f}-{100 * -min(change.values()):.0f}% lower, against "
+             f"{noise:.4f}, half the range of the distances before finetuning", closer),
             ("Fig. 5: the distance shrinks as k grows (largest k against smallest, against the spread of the "
              "starting points)", "decreasing in k",
              ", ".join(f"{tuned[k]:.4f}" for k in ks) + f" for k = {', '.join(map(str, ks))}: k={ks[0]} -> {ks[-1]} "
@@ -131,15 +135,17 @@ def entropy_trend_claim(tuned: dict, rand: dict) -> tuple:
 
 
 def correlation_claim(pairs: list) -> tuple:
-    """Judged on the rank correlation, and again with each point left out: strong only when no single point
-    carries it. Pearson's r beside it, with its own leave-one-out range."""
+    """Judged on the rank correlation and its permutation p: strong when rho reaches STRONG and p is below
+    SIGNIFICANT. Pearson's r beside it, and each one's range with any one point left out (reported: ranks already
+    keep one far point from carrying rho)."""
     xs, ys = zip(*pairs)
-    rho, r = spearman(xs, ys), pearson(xs, ys)
+    rho, r, p = spearman(xs, ys), pearson(xs, ys), permutation_p(xs, ys)
     leave_one_out = lambda f: [f(*zip(*(pairs[:i] + pairs[i + 1:]))) for i in range(len(pairs))]
     rho_out, r_out = leave_one_out(spearman), leave_one_out(pearson)
-    strong = lambda x: round(x, 2) >= STRONG  # as reported: 0.7 in floating point can read 0.6999999999999998
-    held = "yes" if strong(min(rho_out)) else "carried by one point" if strong(rho) else "**no**"
-    return ("Fig. 6: entropy correlates with validation perplexity (rank correlation, any one point left out)",
-            "strong correlation",
-            f"Spearman rho = {rho:.2f} ({min(rho_out):.2f} to {max(rho_out):.2f} with any one point left out); "
-            f"Pearson r = {r:.2f} ({min(r_out):.2f} to {max(r_out):.2f}) over {len(pairs)} T2R models", held)
+    strong = round(rho, 2) >= STRONG and p < SIGNIFICANT  # as reported: 0.7 can read 0.6999999999999998
+    held = verdict(strong)
+    return ("Fig. 6: entropy correlates with validation perplexity (rank correlation, its permutation p, any one "
+            "point left out)", "strong correlation",
+            f"Spearman rho = {rho:.2f}, permutation p = {p:.3f} ({min(rho_out):.2f} to {max(rho_out):.2f} with any "
+            f"one point left out); Pearson r = {r:.2f} ({min(r_out):.2f} to {max(r_out):.2f}) over {len(pairs)} T2R "
+            "models", held)

@@ -11,7 +11,7 @@ import os
 
 import torch
 from sacrebleu.metrics import BLEU
-from experiments.claims import RETRAINED_TEACHER, doubled
+from experiments.claims import LONGER, RETRAINED_TEACHER, doubled
 from experiments.probes import MAIN_K, attention_checkpoints
 from experiments.records import RETRAINED
 from experiments.runs import read_json, shorten, state
@@ -184,8 +184,8 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_
 
 
 def mt_pair_rows(runs: list) -> list:
-    """Every finished translator against the teacher, T2R + pretrain against T2R from scratch and against the
-    softmax control, ELU + pretrain against T2R + pretrain, and the control against its start where that is the
+    """Every finished translator against the teacher, T2R + pretrain against T2R from scratch (the teacher's steps,
+    and the teacher's and the finetuning's together) and against the softmax control, ELU + pretrain against T2R + pretrain, and the control against its start where that is the
     teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
     done = {(row["model"], row["init"]): (run, folder) for run, folder, row in trained_translators(runs)
             if os.path.isfile(os.path.join(folder, "test.hyp"))}
@@ -193,6 +193,7 @@ def mt_pair_rows(runs: list) -> list:
     pairs = [(key, teacher) for key in done if key != teacher]
     pairs += [(("t2r", "pretrained"), ("t2r", "random")), (("elu", "pretrained"), ("t2r", "pretrained")),
               (("t2r", "pretrained"), ("softmax", "pretrained")),  # against the control, the teacher trained on
+              (("t2r", "pretrained"), (LONGER, "random")),  # against T2R from scratch for the same total steps
               (("softmax", "pretrained"), again)]  # the control against its start, where that is the teacher retrained
     pairs = [(a, b) for a, b in pairs if a in done and b in done]
     if not pairs:

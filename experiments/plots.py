@@ -6,6 +6,7 @@ machine and date at its foot:
     attention.png        Figs. 5 and 6: distance to the teacher's attention, and its entropy, against k
     learning_curves.png  validation perplexity against training tokens, conversions starting where the teacher ends
     mqar.png             what a fixed state forgets: MQAR accuracy against the pairs held, and against the state's bytes
+    equal_budget.png     T2R + pretrain against T2R from scratch for the same total steps, at each budget, every seed
 """
 
 import math
@@ -132,4 +133,20 @@ def plot_mqar(rows: list, footer: str, path: str):
     right.set_xscale("log")
     right.set_xlabel(f"bytes of the generation state at the end of a sequence of {pairs[-1]} pairs (batch 1)")
     right.set_title(f"at {pairs[-1]} pairs: accuracy against the state's size")
+    save(plt, fig, footer, path)
+
+
+def plot_equal_budget(points: list, footer: str, path: str):
+    """points: (budget multiple, the conversion's seeds' test ppl, from scratch's), as report.budget_points gives."""
+    plt, fig, (ax,) = new_figure(1, 5)
+    for i, (name, style) in enumerate((("T2R + pretrain (teacher, then finetuning)", "o-"),
+                                       ("T2R from scratch, the same total steps", "s--"))):
+        seen = [(budget, runs[i]) for budget, *runs in points if runs[i]]
+        for budget, ppl in seen:
+            ax.plot([budget] * len(ppl), ppl, style[0], color=f"C{i}", alpha=0.5)
+        ax.plot([b for b, _ in seen], [sum(p) / len(p) for _, p in seen], style, color=f"C{i}", label=name)
+    ax.set_xticks(sorted({p[0] for p in points}), [f"{p[0]}x" for p in sorted(points)])
+    ax.set_xlabel("budget (1x: the study's teacher and finetuning steps)")
+    ax.set_ylabel("PTB test perplexity (each seed; line: mean)")
+    ax.legend(fontsize=7)
     save(plt, fig, footer, path)

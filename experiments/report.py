@@ -25,9 +25,9 @@ import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-from experiments.claims import (LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, convergence_checks,
-                                model_name, verdict_legend)
-from experiments.plots import plot_attention, plot_feature_size, plot_learning_curves, plot_mqar
+from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, all_controls,
+                                convergence_checks, model_name, verdict_legend)
+from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
@@ -161,6 +161,25 @@ def mt_table(mt: list) -> list:
     return lines
 
 
+def budget_points(lm: list) -> list:
+    """(budget multiple, T2R + pretrain's test ppl by seed, T2R from scratch's at the same total steps), where run."""
+    runs = lambda model, init: [r["test_ppl"] for r in group(lm, model=model, init=init)]
+    points = [(1, runs("t2r", "pretrained"), runs(LONGER, "random")),
+              (2, runs(f"t2r-{DOUBLED}", "pretrained"), runs(f"{LONGER}-{DOUBLED}", "random"))]
+    return [p for p in points if p[1] or p[2]]
+
+
+def equal_budget_section(results: dict, figure) -> list:
+    points = budget_points(results["lm"])
+    if not points:
+        return []
+    size = LM_SIZES["full"]
+    steps = size["pretrain_steps"] + size["finetune_steps"]
+    return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps |", "|---|---|---|---|",
+            *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({len(c)} seeds) | {mean_spread(r)} ({len(r)} seeds) |"
+              for b, c, r in points], "", *figure("equal_budget.png", "Equal budgets", "lm_ptb.csv")]
+
+
 def curves_section(results: dict, figure) -> list:
     """The learning curves, and whether each teacher met the convergence rule (claims.CONVERGED)."""
     if not results["curves"]:
@@ -245,9 +264,16 @@ def claims_table(claims: list) -> list:
 
 
 def held_count(claims: list) -> str:
-    """"9 of 20": the claims that held, of those judged (a claim whose numbers were not measured is not)."""
-    judged = [held for *_, held in claims if held != NOT_MEASURED]
+    """"9 of 20": the claims that held, of those judged (not one whose numbers are not measured, nor n/a)."""
+    judged = [held for *_, held in claims if held not in (NOT_MEASURED, "n/a")]
     return f"{judged.count('yes')} of {len(judged)}"
+
+
+def headline(claims: list, controls: list) -> str:
+    """The two counts, apart: the paper's claims on its own comparisons, then the study's controls and ablations."""
+    waiting = sum(held == NOT_MEASURED for *_, held in claims + controls)
+    return (f"**{held_count(claims)} paper claims held at CPU scale**; the study's controls: {held_count(controls)}"
+            + (f", {waiting} not measured yet" if waiting else ""))
 
 
 # -----------------------------------------------------------------------------
@@ -295,16 +321,17 @@ def model_sizes() -> str:
             f"{mt['n_head']} heads, feed-forward {mt['d_ff']} (the paper: 6+6, 1024, 16 heads, 4096).")
 
 
-def results_page(results: dict, claims: list) -> list:
+def results_page(results: dict, claims: list, controls: list) -> list:
     machine = results["machine"]
     figure = lambda name, title, source, made_by=provenance(machine): [
         f"![{title}]({name})", "", f"*{title}, drawn from `{source}`; the runs: {made_by}.*", ""]
     return ["<!-- written by experiments/report.py from the CSVs and machine.json beside it; do not edit -->",
             "# The paper's findings at CPU scale", "",
-            "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU, and "
-            f"each of the paper's claims checked against our numbers (some twice: against the teacher, and against a "
-            f"control at equal budgets): **{held_count(claims)} held**. Produced by "
-            f"{provenance(machine)}. `python -m experiments.report` rewrites this page from the files beside it.", "",
+            "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU: "
+            f"{headline(claims, controls)} ({scope(results)}). Each claim of the paper is checked once, on the "
+            "comparison the paper made; the controls and ablations are the study's own, which the paper did not run. "
+            f"Produced by {provenance(machine)}. "
+            "`python -m experiments.report` rewrites this page from the files beside it.", "",
             model_sizes(), "", *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
@@ -316,7 +343,14 @@ def results_page(results: dict, claims: list) -> list:
             *(figure("feature_size.png", "Fig. 4 at CPU scale", "feature_size.csv") if results["fs"] else []),
             *(figure("attention.png", "Figs. 5 and 6 at CPU scale", "attention.csv") if results["att"] else []),
             "## Translation (Table 2, LibreOffice help en-de)", "", *mt_table(results["mt"]), "",
-            "## The paper's claims and ours", "", *claims_table(claims), "", verdict_legend(), "",
+            "## The paper's claims and ours", "",
+            "One check per claim of the paper, on the comparison the paper made (the teacher, its budgets).", "",
+            *claims_table(claims), "",
+            "## The study's controls and ablations", "",
+            "Checks the paper did not make: T2R + pretrain against T2R from scratch for the same total steps (three "
+            "seeds, and once at twice every budget), against the teacher trained on for the finetuning's steps, and "
+            "the 75% hybrid's other reading (the top layer kept).", "", *claims_table(controls), "",
+            *equal_budget_section(results, figure), verdict_legend(), "",
             "## Where and when", "",
             f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "
             "machine):", "", *[f"- {line}" for line in machine_lines(machine)], "",
@@ -347,17 +381,14 @@ def scope(results: dict) -> str:
     return ", ".join(words)
 
 
-def summary_page(results: dict, claims: list, link: str) -> list:
+def summary_page(results: dict, claims: list, controls: list, link: str) -> list:
     """Under 40 lines, for the top-level README: two short lines first (what was checked, how many held, on what
     scale; the link to the page), then the headline numbers beside the paper's, the runs, and every verdict."""
     lm, mt = results["lm"], results["mt"]
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
-    waiting = sum(held == NOT_MEASURED for *_, held in claims)
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
-             *partial_banner(results["machine"]),
-             f"**{held_count(claims)} checks of the paper's claims held at CPU scale**"
-             f"{f', {waiting} more not measured yet' if waiting else ''}: {scope(results)}.",
+             *partial_banner(results["machine"]), f"{headline(claims, controls)}: {scope(results)}.",
              f"Tables, plots, every claim and where each run ran: [{link}]({link}).", "",
              "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
@@ -372,8 +403,10 @@ def summary_page(results: dict, claims: list, link: str) -> list:
     if reading:  # what a fixed state forgets, in three lines
         made_by = mqar_provenance(results.get("mqar_machine", {}))
         lines += ["", f"Associative recall (MQAR), what conversion keeps and loses ({made_by}):", "", *reading]
-    lines += ["", "Verdicts:", ""]
+    lines += ["", "The paper's claims:", ""]
     lines += [f"- {held}: {claim}" for claim, _, _, held in claims]
+    lines += ["", "The study's controls and ablations:", ""]
+    lines += [f"- {held}: {claim}" for claim, _, _, held in controls]
     return lines + [""]
 
 
@@ -384,7 +417,7 @@ def write_text(path: str, lines: list):
 
 def write_report(results_dir: str):
     results = read_results(results_dir)
-    claims = all_claims(results)
+    claims, controls = all_claims(results), all_controls(results)
     footer = provenance(results["machine"]).replace("`", "")
     figures = [(results["fs"], plot_feature_size, "feature_size.png", (feature_sizes_of(results),)),
                (results["att"], plot_attention, "attention.png", (feature_sizes_of(results),)),
@@ -392,13 +425,15 @@ def write_report(results_dir: str):
     for rows, plot, name, extra in figures:
         if rows:
             plot(rows, *extra, footer, os.path.join(results_dir, name))
+    if budget_points(results["lm"]):
+        plot_equal_budget(budget_points(results["lm"]), footer, os.path.join(results_dir, "equal_budget.png"))
     if results["mqar"]:
         plot_mqar(results["mqar"], mqar_provenance(results["mqar_machine"]).replace("`", ""),
                   os.path.join(results_dir, "mqar.png"))
     link = os.path.relpath(os.path.join(results_dir, "README.md"), ROOT)
-    write_text(os.path.join(results_dir, "README.md"), results_page(results, claims))
-    write_text(os.path.join(results_dir, "summary.md"), summary_page(results, claims, link))
-    print("\n".join(summary_page(results, claims, link)))
+    write_text(os.path.join(results_dir, "README.md"), results_page(results, claims, controls))
+    write_text(os.path.join(results_dir, "summary.md"), summary_page(results, claims, controls, link))
+    print("\n".join(summary_page(results, claims, controls, link)))
     print(f"wrote {os.path.relpath(results_dir)}/README.md, summary.md and the plots")
 
 

@@ -8,6 +8,8 @@ point can carry.
 
 NOT_MEASURED = "not measured"
 STRONG = 0.7  # a strong correlation: rank correlation of at least this (over 5 points rho moves in steps of 0.1)
+SIGNIFICANT = 0.05  # ... and a one-sided permutation p below this
+PERMUTATIONS = 10_000  # shuffles of one side for a permutation p (seeded: the same p every time)
 
 
 def group(rows: list, **match) -> list:
@@ -56,3 +58,16 @@ def ranks(values) -> list:
 def spearman(xs, ys) -> float:
     """Spearman's rank correlation: Pearson's on the ranks, so that no single point can carry it."""
     return pearson(ranks(xs), ranks(ys))
+
+
+def permutation_p(xs, ys, statistic=None, rounds: int = PERMUTATIONS) -> float:
+    """One-sided: the share of shuffles of ys whose statistic (Spearman's rho) is at least the observed one, the
+    observed pairing counted as one shuffle (so never 0). Seeded, so that a page rebuilt reads the same p."""
+    import random
+    statistic = statistic or spearman
+    observed, shuffled, rng = statistic(xs, ys), list(ys), random.Random(0)
+    hits = 1
+    for _ in range(rounds):
+        rng.shuffle(shuffled)
+        hits += statistic(xs, shuffled) >= observed - 1e-12
+    return hits / (rounds + 1)

@@ -355,8 +355,12 @@ def read_rows(path):
         return list(csv.DictReader(f))
 
 
-def claim_lines(page: str) -> list:
-    return page.split("## The paper's claims and ours")[1].split("\n\n")[1].splitlines()[2:]
+def claim_lines(page: str, section: str = "## The paper's claims and ours") -> list:
+    return page.split(section)[1].split("\n\n")[2].splitlines()[2:]
+
+
+def control_lines(page: str) -> list:
+    return claim_lines(page, "## The study's controls and ablations")
 
 
 def test_results_tables_and_claims_from_made_up_runs(tmp_path):
@@ -393,14 +397,18 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert "Partial" not in text and study_report.verdict_legend() in text
     assert "101% of the gap closed, -0.08 left (spread 1.00)" in text and "96.05 vs 95.62 (spread 0.50)" in text
     assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
-    claims_ = claim_lines(text)
+    claims_, controls = claim_lines(text), control_lines(text)
     judged = [line for line in claims_ if not line.endswith("| not measured |")]  # Fig. 2's: no bench.csv here
-    assert len(claims_) == 26 and len(judged) == 23, claims_  # 11 LM, 7 Figs. 4-6, 5 MT; 3 of Fig. 2
+    assert len(claims_) == 20 and len(judged) == 17, claims_  # 6 LM, 7 Figs. 4-6, 4 MT; 3 of Fig. 2
     assert all(line.endswith("| yes |") for line in judged), claims_
+    # equal budgets (1x, 2x), the gap to the softmax control, the hybrids closing it, the top-kept reading against
+    # the teacher; the translator against the control and at equal budgets
+    assert len(controls) == 8 and all(line.endswith("| yes |") for line in controls), controls
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
-    assert "**23 of 23 held**" in text
+    assert "**17 of 17 paper claims held at CPU scale**; the study's controls: 8 of 8" in text
+    assert os.path.isfile(os.path.join(results, "equal_budget.png")) and "| 2x | 5,760 |" in text
 
 
 MADE_UP_CSVS = {
@@ -426,13 +434,14 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     assert "| T2R + pretrain | 32 | 1 | 112.00 | 107.00 | 2.00 | 19.0 / 19.6 |" in text
     assert "| 4 | 113.00 | 115.00 | 114.00 | - | 0.2000 | - | 5.00 | - | - |" in text
     assert "| T2R + pretrain | 32 | 4 | 18.00 | - | - | - | - | 28.7 |" in text
-    # T2R + pretrain behind T2R from scratch, 7 behind the teacher, 2 BLEU behind it; the conversion's cost needs
-    # learning curves, Fig. 4 two k, Table 2's gain a T2R from scratch, Fig. 2 bench.csv
+    # T2R + pretrain behind T2R from scratch, 7 behind the teacher, 2 BLEU behind it; Fig. 4 needs two k, Table 2's
+    # gain a T2R from scratch, Fig. 2 bench.csv; the controls' runs are not there
     found = [line.split(" | ")[-1][:-2] for line in claim_lines(text)]
-    assert found == ["**no**", "not measured", "not measured", "yes", "not measured", "**no**", *["not measured"] * 5], \
-        found
-    assert "**1 of 3 held**" in text and "an unrecorded command on an unrecorded machine" in text
-    assert len(summary.splitlines()) < 40 and "**1 of 3 checks of the paper's claims held" in summary
+    assert found == ["**no**", "yes", "not measured", "**no**", *["not measured"] * 4], found
+    assert [line.split(" | ")[-1][:-2] for line in control_lines(text)] == ["not measured"] * 4
+    assert "**1 of 3 paper claims held at CPU scale**; the study's controls: 0 of 0, 9 not measured yet" in text
+    assert "an unrecorded command on an unrecorded machine" in text
+    assert len(summary.splitlines()) < 40 and "**1 of 3 paper claims held" in summary
     assert (tmp_path / "feature_size.png").stat().st_size > 0 and (tmp_path / "attention.png").stat().st_size > 0
 
 
@@ -461,7 +470,8 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
         assert regenerated == committed, f"results/{name} is not what report.py writes: rerun it"
     summary = open(os.path.join(ROOT, "results", "summary.md")).read().splitlines()
     headline = summary[1:3]  # under the comment: what was checked, how many held, the scope; the link to the page
-    assert " claims held at CPU scale**: " in headline[0] and all(len(line) < 200 for line in headline)
+    assert " paper claims held at CPU scale**; the study's controls: " in headline[0]
+    assert all(len(line) < 200 for line in headline)
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert "\n## Results\n\n" + "\n".join(headline) + "\n\n" in readme, "the README's results open with the summary's"
     made_by = next(line for line in summary if line.startswith("Made by "))
