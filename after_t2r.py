@@ -1,7 +1,8 @@
 """
 What came after T2R, on top of t2r.py: the sliding-window hybrid (softmax over the last W tokens, linear attention
-before them) and attention transfer (train the new feature maps to imitate softmax before finetuning). Both are
-conversion methods of the linearizing work since T2R (Hedgehog, LoLCATs, Liger).
+before them) and attention transfer (train the new feature maps to imitate softmax before finetuning), conversion
+methods of the linearizing work since T2R (Hedgehog, LoLCATs, Liger); and the short convolution before attention of
+the recall baselines (Zoology), which experiments/mqar.py measures with and without.
 
 Both enter through t2r.py's seams: the window layers are what the student's make_attention builds when
 t2r.convert makes it (convert_to_window), attention transfer is a stage of its own before finetuning.
@@ -21,8 +22,8 @@ import torch.nn.functional as F
 
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
-from t2r import (LinearAttention, Seq2SeqTransformer, add_to_state, convert, linear_attention_chunked_sums,
-                 normalize, softmax_attention)
+from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, add_to_state, convert,
+                 linear_attention_chunked_sums, normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -228,3 +229,67 @@ def attention_transfer(model: nn.Module, *inputs, mask=None):
         else:
             means.append(e.mean() if mask is None else (e * mask).sum() / mask.sum().clamp_min(1))
     return torch.stack(means), logits
+
+
+# -----------------------------------------------------------------------------
+# The short convolution (Zoology, Arora et al. 2023; Based): every recall baseline there mixes each position with
+# the few before it ahead of the attention, a depthwise causal convolution of kernel K:
+#   x~_i = b + sum_{j=0}^{K-1} w_j * x_{i-j}      (per channel; x_{i-j} = 0 before the sequence starts)
+# so a head can attend with a key that already holds its neighbour's token. Its recurrent step keeps the last
+# K - 1 inputs: a state of fixed size, like S and z.
+
+@dataclass
+class ConvConfig(Config):
+    short_conv: int = 3  # K, the kernel of the depthwise causal convolution before each attention layer
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.short_conv, int) or self.short_conv < 1:
+            raise ValueError(f"short_conv={self.short_conv!r} must be an integer >= 1")
+
+
+class ShortConv(nn.Module):
+    def __init__(self, d_model: int, kernel: int):
+        super().__init__()
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.zeros(d_model, 1, kernel))  # w_{K-1}, ..., w_0 (conv1d's order)
+        self.weight.data[:, 0, -1] = 1.0  # the identity at initialisation: x~_i = x_i
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x):  # (B, T, h) -> (B, T, h)
+        x = F.pad(x.transpose(1, 2), (self.kernel - 1, 0))  # zeros before the sequence starts
+        return F.conv1d(x, self.weight, self.bias, groups=x.shape[1]).transpose(1, 2)
+
+    def init_state(self, batch_size: int, device, dtype):  # the last K - 1 inputs, (B, K - 1, h)
+        return torch.zeros(batch_size, self.kernel - 1, self.weight.shape[0], device=device, dtype=dtype)
+
+    def step(self, x, last):  # x (B, h); last (B, K - 1, h), updated in place -> (B, h)
+        window = torch.cat([last, x[:, None]], 1)  # x_{i-K+1}, ..., x_i
+        last.copy_(window[:, 1:])
+        return self.bias + (window * self.weight[:, 0].T).sum(1)
+
+
+class ConvAttention(nn.Module):
+    """Attention whose input is the short convolution's output; the attention is unchanged (convert swaps it)."""
+
+    def __init__(self, conv: ShortConv, attn: nn.Module):
+        super().__init__()
+        self.conv, self.attn = conv, attn
+
+    def forward(self, x, key_mask=None):
+        return self.attn(self.conv(x), key_mask=key_mask)
+
+    def init_state(self, batch_size: int, device, dtype):
+        return {"conv": self.conv.init_state(batch_size, device, dtype),
+                "attn": self.attn.init_state(batch_size, device, dtype)}
+
+    def step(self, x, state):
+        return self.attn.step(self.conv.step(x, state["conv"]), state["attn"])
+
+
+class ConvLM(TransformerLM):
+    """The paper's language model with a short convolution before each self-attention (MQAR's baselines)."""
+
+    def make_attention(self, kind: str, causal: bool, feature_size: int):
+        return ConvAttention(ShortConv(self.config.d_model, self.config.short_conv),
+                             super().make_attention(kind, causal, feature_size))

@@ -1,10 +1,11 @@
-"""Which model a saved config describes (build_model: the paper's, a checkpoint family's, the window hybrid's, SRU++'s),
-and the feature sizes the result tables show (feature_sizes). Configs are saved as plain dicts; a checkpoint written
-before the families had a config of their own holds every field, at its default where the paper's model is meant."""
+"""Which model a saved config describes (build_model: the paper's, a checkpoint family's, the window hybrid's, the
+short convolution's, SRU++'s), and the feature sizes the result tables show (feature_sizes). Configs are saved as
+plain dicts; a checkpoint written before the families had a config of their own holds every field, at its default
+where the paper's model is meant."""
 
 from dataclasses import fields
 
-from after_t2r import WindowConfig, window_model
+from after_t2r import ConvConfig, ConvLM, WindowConfig, window_model
 from families import FamilyConfig, FamilyLM
 from sru import SRUConfig, SRUppLM
 from t2r import Config, Seq2SeqTransformer, TransformerLM
@@ -21,6 +22,9 @@ FAMILY_DEFAULTS = {f.name: f.default for f in fields(FamilyConfig) if f.name not
 def config_of(saved: dict) -> Config:
     """The config class of a saved dict: the paper's where every other field is absent or at its default."""
     saved = dict(saved)
+    if saved.get("short_conv"):
+        return ConvConfig(**saved)
+    saved.pop("short_conv", None)
     if saved.get("window"):
         return WindowConfig(**saved)
     saved.pop("window", None)  # 0: no window, as checkpoints before wrote it
@@ -34,6 +38,8 @@ def build_model(config):
     if isinstance(config, dict) and is_sru(config):
         return SRUppLM(SRUConfig(**config))
     config = config_of(config) if isinstance(config, dict) else config
+    if isinstance(config, ConvConfig):
+        return ConvLM(config)
     if isinstance(config, WindowConfig):
         return window_model(config)
     if isinstance(config, FamilyConfig):
