@@ -10,10 +10,14 @@ numbers a head must hold all N pairs at once.
     python -m experiments.mqar --dry_run     # the runs, and what each trains
 
 The runs, each a run folder in --out_dir trained by support/training.py's loop (exact resume, one run per folder):
-the softmax teacher; its conversions to T2R at k = 8, 16, 32, 64 (section 2.2), also after attention transfer and with
-a sliding softmax window (after_t2r.py); T2R and SRU++ trained from scratch for the teacher's budget. Every model is
-scored on the same fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv,
-results/mqar.png.
+the softmax teacher; its conversions to T2R at k = 8, 16, 32, 64 (section 2.2), also after attention transfer (output
+matching into T2R's ReLU feature map; its recall right after the transfer is kept too) and with a sliding softmax
+window (after_t2r.py); softmax, T2R and SRU++ trained from scratch for the teacher's budget and curriculum, at each
+learning rate of a sweep, the one with the lowest validation loss reported (as Zoology trains its baselines). All of
+it again with a short convolution before each attention layer (after_t2r.ConvLM; Zoology's baselines all have one),
+but the window hybrid (its model class has none) and SRU++ (its own architecture). Every model is scored on the same
+fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv, results/mqar.png. A
+finished run's results.json and args.json are kept in results/runs/mqar/ (a new machine reads them, trains nothing).
 
 The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
 (Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
@@ -38,18 +42,21 @@ from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
 from experiments.records import machine
 from experiments.sizes import MQAR_SIZES
-from support.runtime import (Distributed, Parser, UserError, fingerprint, load_checkpoint, model_from_checkpoint,
-                             run_main, write_csv, write_json)
+from support.runtime import (Distributed, Parser, UserError, atomic_write, fingerprint, load_checkpoint,
+                             model_from_checkpoint, run_main, write_csv, write_json)
 from support.training import Task, train
 from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
 from layers.states import state_bytes
-from after_t2r import convert_to_window
+from after_t2r import ConvConfig, ConvLM, convert_to_window
 from t2r import Config, TransformerLM
 
 PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for once
 VOCAB = 256  # keys from 0..127, values from 128..255
-COLUMNS = ["model", "pairs", "length", "accuracy", "state_bytes", "steps", "train_minutes"]
+COLUMNS = ["model", "run", "lr", "conv", "selected", "pairs", "length", "accuracy", "state_bytes", "steps",
+           "valid_loss", "train_minutes"]
+RECORDS = os.path.join("results", "runs", "mqar")  # each finished run's results.json and args.json
+KEPT = ("results.json", "args.json", "machine.json")
 
 
 def length_for(pairs: int) -> int:
@@ -103,22 +110,45 @@ def state_sizes(model) -> dict:
 
 @dataclass
 class Run:
-    name: str
+    name: str  # its folder's name
     arch: str = "transformer"  # or sru++
     attn: str = "softmax"
     k: int = 0  # T2R's feature size
     converted: bool = False  # from the teacher (section 2.2), else from random initialisation
     transfer: bool = False  # attention transfer before the finetuning
     window: int = 0  # the sliding softmax window of after_t2r.py
+    conv: bool = False  # a short convolution before each attention layer (after_t2r.ConvLM)
+    lr: float = 0.0  # its peak learning rate; 0: the size's, the teacher's
+    model: str = ""  # its row in the tables: the runs of one learning-rate sweep share it (default: the name)
+
+    def __post_init__(self):
+        self.model = self.model or self.name
 
 
-def plan(window: int, ks=(8, 16, 32, 64)) -> list:
-    runs = [Run("softmax")]
-    for k in ks:
-        runs += [Run(f"t2r{k}", attn="t2r", k=k, converted=True),
-                 Run(f"t2r{k}+transfer", attn="t2r", k=k, converted=True, transfer=True),
-                 Run(f"t2r{k}+window{window}", attn="t2r", k=k, converted=True, window=window)]
-    return runs + [Run("t2r32 from scratch", attn="t2r", k=32), Run("sru++ from scratch", arch="sru++")]
+FROM_SCRATCH = (("softmax", "transformer", "softmax", 0), ("t2r32", "transformer", "t2r", 32), ("sru++", "sru++", "", 0))
+
+
+def plan(size: dict, ks=(8, 16, 32, 64)) -> list:
+    """The teacher, its conversions, and every model from scratch at each rate of the sweep (the teacher is the
+    softmax one at the size's rate); then the same with the short convolution, but the window and SRU++."""
+    runs = []
+    for conv in (False, True):
+        tag = "+conv" if conv else ""
+        runs.append(Run(f"softmax{tag}", conv=conv))
+        for k in ks:
+            runs += [Run(f"t2r{k}{tag}", attn="t2r", k=k, converted=True, conv=conv),
+                     Run(f"t2r{k}+transfer{tag}", attn="t2r", k=k, converted=True, transfer=True, conv=conv)]
+            runs += [] if conv else [Run(f"t2r{k}+window{size['window']}", attn="t2r", k=k, converted=True,
+                                         window=size["window"])]
+        for model, arch, attn, k in FROM_SCRATCH:
+            family = f"softmax{tag}" if model == "softmax" else f"{model} from scratch{tag}"
+            runs += [Run(f"{model} from scratch{tag} lr {lr:g}", arch, attn, k, conv=conv, lr=lr, model=family)
+                     for lr in size["lrs"] if not (arch == "sru++" and conv) and (model, lr) != ("softmax", size["lr"])]
+    return runs
+
+
+def teacher_of(run: Run) -> str:
+    return "softmax+conv" if run.conv else "softmax"
 
 
 # A model trained from scratch sees only the shortest sequences for its first `curriculum` steps (experiments/sizes.py
@@ -160,10 +190,12 @@ class MQARTask(Task):
         return sum(losses) / len(losses)
 
     def report(self, model, train_seconds):
+        valid_loss = self.validation_loss(model)  # what the learning-rate sweep picks by
         model = model.eval()
         scores = {n: accuracy(model, x.to(self.device), y.to(self.device)) for n, (x, y) in self.test.items()}
         print(f"{self.args.out_dir}: accuracy " + ", ".join(f"{n} pairs {a:.3f}" for n, a in scores.items()))
-        return {"accuracy": scores, "state_bytes": state_sizes(model.cpu()), "train_minutes": train_seconds / 60}
+        return {"accuracy": scores, "state_bytes": state_sizes(model.cpu()), "train_minutes": train_seconds / 60,
+                "valid_loss": valid_loss}
 
 
 def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> argparse.Namespace:
@@ -171,7 +203,7 @@ def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> 
     is the teacher's model.pt."""
     steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
     flags = ["--dataset", "mqar", "--out_dir", out_dir, "--max_steps", str(steps), "--batch_size",
-             str(size["batch_size"]), "--lr", str(size["lr"]), "--warmup_steps", str(max(1, steps // 20)),
+             str(size["batch_size"]), "--lr", str(run.lr or size["lr"]), "--warmup_steps", str(max(1, steps // 20)),
              "--dropout", "0", "--eval_interval", str(max(1, steps // 4)), "--log_interval", str(max(1, steps // 10)),
              "--weight_decay", "0", "--device", "cpu"]
     if run.converted:
@@ -187,28 +219,50 @@ def make_model(run: Run, size: dict, checkpoint, args):
         return model_from_checkpoint(checkpoint)
     if run.arch == "sru++":
         return SRUppLM(SRUConfig(vocab_size=VOCAB, n_layer=size["n_layer"], d_model=size["d_model"], dropout=0.0))
-    if run.converted:
+    if run.converted:  # a ConvLM teacher gives a ConvLM student, its convolutions copied
         teacher = model_from_checkpoint(load_checkpoint(args.pretrained, "MQAR teacher"))
         return convert_to_window(teacher, run.window, "t2r", feature_size=run.k)  # window 0: t2r.convert
-    return TransformerLM(Config(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"],
-                                d_model=size["d_model"], d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn,
-                                feature_size=run.k or 32))
+    fields = dict(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"], d_model=size["d_model"],
+                  d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn, feature_size=run.k or 32)
+    if run.conv:
+        return ConvLM(ConvConfig(**fields, short_conv=size["short_conv"]))
+    return TransformerLM(Config(**fields))
 
 
-def train_run(run: Run, size: dict, out_dir: str) -> dict:
-    """The run's results: read if it finished, else trained (resumed where it stopped)."""
+def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
+    """The run's results: read if it finished (here, or kept in records), else trained (resumed where it stopped),
+    and kept in records."""
     folder = folder_of(run, out_dir)
     results = os.path.join(folder, "results.json")
+    if records and not os.path.isfile(results) and os.path.isfile(os.path.join(records, os.path.basename(folder),
+                                                                                "results.json")):
+        copy_files(os.path.join(records, os.path.basename(folder)), folder)  # kept: nothing to train
     if not os.path.isfile(results):
-        args = run_args(run, size, folder, os.path.join(out_dir, "softmax", "model.pt"),
-                        resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
+        teacher = os.path.join(folder_of(Run(teacher_of(run)), out_dir), "model.pt")
+        if run.converted and not os.path.isfile(teacher):
+            raise UserError(f"{run.name} converts {teacher}, which is kept in {records} without its weights: delete "
+                            f"{os.path.join(records or '', teacher_of(run))} to train the teacher again")
+        started = time.time()
+        args = run_args(run, size, folder, teacher, resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
         task = MQARTask(args, Distributed(), size["eval_sequences"], 0 if run.converted else size["curriculum"])
         checkpoint = open_run(task)
         model = make_model(run, size, checkpoint, args)
         train(TransferFirst(task, checkpoint) if run.transfer else task, model, checkpoint)  # transfer: its stage first
         task.lock.close()
+        write_json(os.path.join(folder, "machine.json"), {**machine(), "wall_seconds": round(time.time() - started)})
+        if records:
+            copy_files(folder, os.path.join(records, os.path.basename(folder)))
     with open(results) as f:
         return json.load(f)
+
+
+def copy_files(source: str, target: str):
+    """The KEPT files of a run's folder, each written atomically."""
+    os.makedirs(target, exist_ok=True)
+    for name in KEPT:
+        if os.path.isfile(os.path.join(source, name)):
+            with open(os.path.join(source, name), "rb") as f, atomic_write(os.path.join(target, name)) as tmp:
+                open(tmp, "wb").write(f.read())
 
 
 def folder_of(run: Run, out_dir: str) -> str:
@@ -219,7 +273,7 @@ def check_planned(run: Run, size: dict, folder: str):
     """A run folder already there (finished or not) was trained to this plan's budget: a --quick run is not taken
     for a full one, nor the other way round. Else one line, before any work."""
     steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
-    planned = {"max_steps": steps, "batch_size": size["batch_size"], "lr": size["lr"],
+    planned = {"max_steps": steps, "batch_size": size["batch_size"], "lr": run.lr or size["lr"],
                "transfer_steps": size["transfer_steps"] if run.transfer else 0}
     try:
         with open(os.path.join(folder, "args.json")) as f:
@@ -234,21 +288,42 @@ def check_planned(run: Run, size: dict, folder: str):
                             f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
 
 
-def rows_of(run: Run, results: dict, steps: int) -> list:
-    return [dict(model=run.name, pairs=n, length=length_for(n), accuracy=round(results["accuracy"][str(n)], 4),
-                 state_bytes=results["state_bytes"][str(length_for(n))], steps=steps,
-                 train_minutes=round(results["train_minutes"], 2)) for n in PAIRS]
+def rows_of(run: Run, results: dict, steps: int, transfer_steps: int = 0) -> list:
+    """The run's rows at every pair count; after attention transfer, also its recall right after the stage."""
+    row = lambda model, found, n, steps: dict(
+        model=model, run=run.name, lr=run.lr or None, conv=int(run.conv), selected=1, pairs=n, length=length_for(n),
+        accuracy=round(found["accuracy"][str(n)], 4), state_bytes=found["state_bytes"][str(length_for(n))],
+        steps=steps, valid_loss=found.get("valid_loss"), train_minutes=round(results["train_minutes"], 2))
+    rows = [row(run.model, results, n, steps) for n in PAIRS]
+    if results.get("after_transfer"):  # the transfer stage's model, before any finetuning
+        rows += [row(f"{run.model} (after transfer, before finetuning)", results["after_transfer"], n,
+                     transfer_steps) for n in PAIRS]
+    return rows
+
+
+def select_rates(rows: list) -> list:
+    """Of the runs that share a model (a learning-rate sweep), only the one with the lowest validation loss is
+    selected; the others stay in the table, marked."""
+    loss = {}
+    for r in rows:
+        if r["valid_loss"] is not None:
+            loss.setdefault(r["model"], {})[r["run"]] = r["valid_loss"]
+    best = {model: min(runs, key=runs.get) for model, runs in loss.items()}
+    return [{**r, "selected": int(r["model"] not in best or best[r["model"]] == r["run"])} for r in rows]
 
 
 def get_args(argv=None):
     p = Parser(prog="python -m experiments.mqar", description="Multi-query associative recall: what conversion keeps.")
     p.add_argument("--out_dir", default=None, help="the runs' folders (default out/mqar; --quick: out/mqar-quick)")
     p.add_argument("--csv", default=None, help="the table (default results/mqar.csv; --quick: in --out_dir)")
+    p.add_argument("--records", default=None, help="where finished runs are kept and read back (default "
+                   f"{RECORDS}; --quick: records/ in --out_dir)")
     p.add_argument("--quick", action="store_true", help="tiny models and a few steps: a smoke run of every model")
     p.add_argument("--dry_run", action="store_true", help="print the runs and their budgets, train nothing")
     args = p.parse_args(argv)
     args.out_dir = args.out_dir or ("out/mqar-quick" if args.quick else "out/mqar")
     args.csv = args.csv or (os.path.join(args.out_dir, "mqar.csv") if args.quick else "results/mqar.csv")
+    args.records = args.records or (os.path.join(args.out_dir, "records") if args.quick else RECORDS)
     if os.path.isdir(args.csv):  # found before training, not after it
         p.error(f"--csv {args.csv} is a folder: name the table's file, e.g. {os.path.join(args.csv, 'mqar.csv')}")
     return args
@@ -257,12 +332,12 @@ def get_args(argv=None):
 def main(argv=None):
     args = get_args(argv)
     size = MQAR_SIZES["quick" if args.quick else "full"]
-    runs = plan(size["window"])
+    runs = plan(size)
     if args.dry_run:
         for run in runs:
             steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
-            print(f"{run.name}: {steps} steps" + (f" ({size['transfer_steps']} of transfer first)" if run.transfer
-                                                  else ""))
+            print(f"{run.name}: {steps} steps at lr {run.lr or size['lr']:g}" +
+                  (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
         return
     for run in runs:  # every saved run of this plan's, before any work
         check_planned(run, size, folder_of(run, args.out_dir))
@@ -271,11 +346,14 @@ def main(argv=None):
         print(f"--- {run.name}", flush=True)
         steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
                                                                   else size["teacher_steps"])
-        rows += rows_of(run, train_run(run, size, args.out_dir), steps)
+        rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
+                        size["transfer_steps"] if run.transfer else 0)
+    rows = select_rates(rows)
     write_csv(args.csv, rows, COLUMNS)
     # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed
     command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
-    where = {**machine(), "command": command, "train_minutes": round(sum(r["train_minutes"] for r in rows) /
+    trained = [r for r in rows if "(after transfer" not in r["model"]]  # the stage's minutes are its run's
+    where = {**machine(), "command": command, "train_minutes": round(sum(r["train_minutes"] for r in trained) /
                                                                      len(PAIRS), 1)}
     write_json(os.path.splitext(args.csv)[0] + ".json", where)
     figure = os.path.splitext(args.csv)[0] + ".png"

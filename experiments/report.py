@@ -21,7 +21,6 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
 import argparse
 import csv
 import os
-import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -30,7 +29,8 @@ from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_T
 from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
-from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
+from experiments.mqar_report import mqar_reading, mqar_section, selected
+from experiments.sizes import LM_SIZES, MT_SIZES
 from experiments.verdicts import NOT_MEASURED, group, half_range
 from support.runtime import UserError, atomic_write, run_main
 
@@ -192,69 +192,6 @@ def curves_section(results: dict, figure) -> list:
             "counts as converged when the last fifth of its run lowered its best validation perplexity by less than "
             "1%.", "", *[f"- {name}: {measured}: {verdict}" for name, measured, verdict in checks], "",
             *figure("learning_curves.png", "Learning curves", "curves.csv")]
-
-
-def mqar_section(results: dict, figure) -> list:
-    """MQAR (experiments/mqar.py): every model's accuracy at each number of pairs, its state's bytes, and what the
-    numbers say conversion keeps and loses."""
-    rows, where = results["mqar"], results["mqar_machine"]
-    if not rows:
-        return []
-    # the sizes of the command that wrote the CSV
-    size = MQAR_SIZES["quick" if "--quick" in where.get("command", "") else "full"]
-    pairs, longest = sorted({r["pairs"] for r in rows}), max(r["length"] for r in rows)
-    lines = ["## What a fixed state forgets: associative recall (MQAR)", "",
-             "Multi-query associative recall (Arora et al., 2023): a sequence lists N key-value pairs, then asks for "
-             "every key again at a random later position; a model must answer with the key's value. Softmax "
-             "attention looks the key up in its KV cache, which grows with the sequence; a T2R state of k x d numbers "
-             f"a head holds every pair at once. A {size['n_layer']}-layer teacher (d_model {size['d_model']}, "
-             f"{size['n_head']} heads), its conversions to T2R (finetuned; also after attention transfer, and with a "
-             f"{size['window']}-token softmax window), and T2R and SRU++ "
-             f"trained from scratch for the teacher's steps; {rows[0]['length']}-{longest} tokens, accuracy over "
-             f"every query of the same test sequences. Produced by {mqar_provenance(where)}.", "",
-             "| model | steps | state bytes at " + f"{longest} tokens | " +
-             " | ".join(f"{n} pairs" for n in pairs) + " |", "|---" * (len(pairs) + 3) + "|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        mine = {r["pairs"]: r for r in group(rows, model=model)}
-        last = mine[pairs[-1]]
-        lines.append(f"| {model} | {last['steps']:,} | {last['state_bytes']:,} | " +
-                     " | ".join(f"{mine[n]['accuracy']:.3f}" if n in mine else "-" for n in pairs) + " |")
-    return lines + ["", *mqar_reading(rows), "",
-                    *figure("mqar.png", "What a fixed state forgets", "mqar.csv", mqar_provenance(where))]
-
-
-FEW_PAIRS = 8  # MQAR's "few pairs": where a state of the smallest k still has room to spare
-
-
-def mqar_reading(rows: list) -> list:
-    """Three lines from the numbers: what plain T2R keeps with few pairs, what it loses with the most (and what the
-    window and attention transfer change), and the models trained from scratch. Models by their names in mqar.py's
-    plan: t2r<k>, t2r<k>+transfer, t2r<k>+window<W>, "... from scratch"."""
-    pairs = sorted({r["pairs"] for r in rows})
-    if not pairs:
-        return []
-    few, most = (FEW_PAIRS if FEW_PAIRS in pairs else pairs[0]), pairs[-1]
-    at = lambda model, n: next((r for r in rows if r["model"] == model and r["pairs"] == n), None)
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    plain = sorted((m for m in models if re.fullmatch(r"t2r\d+", m)), key=lambda m: int(m[3:]))
-    if not (plain and at("softmax", few) and at("softmax", most)):
-        return []
-    span = lambda names, n: "-".join(f"{f(at(m, n)['accuracy'] for m in names):.2f}" for f in (min, max))
-    ends = lambda n: " to ".join(f"{at(m, n)['accuracy']:.2f} (k = {m[3:]}, {at(m, n)['state_bytes']:,} bytes of state)"
-                                 for m in (plain[0], plain[-1]))
-    variants = [(name, [m for m in models if m.startswith("t2r") and key in m]) for name, key in
-                (("a softmax window", "+window"), ("attention transfer first", "+transfer"))]
-    lines = [f"- **Kept**: at {few} pairs T2R recalls {span(plain, few)} (k = {', '.join(m[3:] for m in plain)}; "
-             f"the teacher {at('softmax', few)['accuracy']:.2f}).",
-             f"- **Lost**: at {most} pairs it recalls {ends(most)}, against the teacher's "
-             f"{at('softmax', most)['accuracy']:.2f} from a {at('softmax', most)['state_bytes']:,}-byte KV cache"
-             + "".join(f"; with {name}, {span(found, most)}" for name, found in variants if found) + "."]
-    scratch = [m for m in models if "scratch" in m]
-    if scratch:
-        lines.append("- **From scratch**, for the teacher's steps: " + ", ".join(
-            f"{m} {at(m, few)['accuracy']:.2f} at {few} pairs and {at(m, most)['accuracy']:.2f} at {most}"
-            for m in scratch) + ".")
-    return lines
 
 
 def claims_table(claims: list) -> list:
@@ -428,7 +365,7 @@ def write_report(results_dir: str):
     if budget_points(results["lm"]):
         plot_equal_budget(budget_points(results["lm"]), footer, os.path.join(results_dir, "equal_budget.png"))
     if results["mqar"]:
-        plot_mqar(results["mqar"], mqar_provenance(results["mqar_machine"]).replace("`", ""),
+        plot_mqar(selected(results["mqar"]), mqar_provenance(results["mqar_machine"]).replace("`", ""),
                   os.path.join(results_dir, "mqar.png"))
     link = os.path.relpath(os.path.join(results_dir, "README.md"), ROOT)
     write_text(os.path.join(results_dir, "README.md"), results_page(results, claims, controls))

@@ -60,15 +60,27 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     assert first.returncode == 0, first.stderr[-2000:]
     with open(tmp_path / "out/mqar-quick/mqar.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    models = [run.name for run in mqar.plan(mqar.MQAR_SIZES["quick"]["window"])]
-    assert [(r["model"], int(r["pairs"])) for r in rows] == [(m, n) for m in models for n in mqar.PAIRS]
-    sizes = {m: [int(r["state_bytes"]) for r in rows if r["model"] == m] for m in models}
+    plan = mqar.plan(mqar.MQAR_SIZES["quick"])
+    trained = [(r["run"], int(r["pairs"])) for r in rows if "(after transfer" not in r["model"]]
+    assert trained == [(run.name, n) for run in plan for n in mqar.PAIRS]
+    sizes = {run.name: [int(r["state_bytes"]) for r in rows if r["run"] == run.name] for run in plan}
     print({m: s[-1] for m, s in sizes.items()})
     assert sizes["softmax"][0] < sizes["softmax"][-1]  # a KV cache grows with the sequence (64 -> 256 tokens)
-    for model in ("t2r8", "t2r64+transfer", "t2r16+window16", "t2r32 from scratch"):
-        assert len(set(sizes[model])) == 1, model  # constant-size states
+    for name in ("t2r8", "t2r64+transfer", "t2r16+window16", "t2r32 from scratch lr 0.002", "t2r8+conv"):
+        assert len(set(sizes[name])) == 1, name  # constant-size states (the convolution's last 2 inputs too)
+    assert sizes["t2r8+conv"][0] > sizes["t2r8"][0]  # ... which the convolution adds
+    after = {r["run"] for r in rows if r["model"].endswith("(after transfer, before finetuning)")}
+    assert after == {run.name for run in plan if run.transfer}  # recall straight after the transfer stage
+    for model in {r["model"] for r in rows}:  # one rate of each sweep shown: the lowest validation loss
+        mine = [r for r in rows if r["model"] == model and int(r["pairs"]) == 4]
+        best = min(mine, key=lambda r: float(r["valid_loss"]))
+        assert [r["run"] for r in mine if r["selected"] == "1"] == [best["run"]], model
     again = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
     assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
+    elsewhere = run_in_process("experiments.mqar", "--quick", "--out_dir", "fresh", "--records",
+                               "out/mqar-quick/records", cwd=tmp_path)  # a new machine: only the records
+    assert elsewhere.returncode == 0 and "step 1/" not in elsewhere.stdout, elsewhere.stderr[-2000:]
+    assert (tmp_path / "fresh/mqar.csv").read_text() == (tmp_path / "out/mqar-quick/mqar.csv").read_text()
 
 
 def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
@@ -88,7 +100,8 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     report.write_report(str(tmp_path))
     page, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
     print(page[page.index("## What a fixed state"):page.index("## Feature size")])
-    assert "| t2r64 | 800 | 66,560 | 0.950 | 0.500 |" in page
+    assert "| t2r64 | the teacher's | 800 | 66,560 | 0.950 | 0.500 |" in page  # a table from before the sweep
+    assert "This table was written before the learning-rate sweep" in page
     assert "`python -m experiments.mqar` on a CPU, 2 threads, torch 2.13.0+cpu, 2026-11-25 (58 minutes" in page
     kept = "- **Kept**: at 8 pairs T2R recalls 0.90-0.95 (k = 8, 64; the teacher 1.00)."
     lost = "- **Lost**: at 64 pairs it recalls 0.20 (k = 8, 9,216 bytes of state) to 0.50 (k = 64, 66,560 bytes of " \
