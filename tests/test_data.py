@@ -427,3 +427,55 @@ def test_a_pretrained_tokenizer_is_one_cache_whatever_its_path(tmp_path, monkeyp
         assert again.cache == first.cache and np.array_equal(again.train, first.train)
     assert calls == []  # never rebuilt
     assert data.read_prepared(corpus, tokenizer=str(tmp_path / "model" / "tokenizer.json"), cache_dir=cache)
+
+
+PTB_STYLE = {"train": [" the cat sat on the mat ", " a dog sat on a log ", "", " the mat is  on a  cat "] * 10,
+             "valid": [" the dog sat ", " a cat on the log "], "test": [" the mat sat on a cat ", "  two spaces "]}
+
+
+def test_a_pretrained_bpe_sees_the_file_as_its_tokenizer_encodes_it(tmp_path):
+    """A byte-level BPE without a prefix space (GPT-2's, Qwen2's): the project's stream of each split is the
+    tokenizer's own encoding of the file's text, id for id (its leading spaces and newlines as they are)."""
+    from conftest import byte_level_bpe
+    corpus = write_corpus(tmp_path / "ptb", PTB_STYLE)
+    tokenizer = byte_level_bpe(corpus)
+    path = str(tmp_path / "tokenizer.json")
+    tokenizer.save(path)
+    lm = data.prepare(corpus, tokenizer=path, cache_dir=str(tmp_path / "cache"))
+    for split in data.SPLITS:
+        raw = Path(corpus, f"{split}.txt").read_text()
+        assert lm.__dict__[split].tolist() == tokenizer.encode(raw, add_special_tokens=False).ids, split
+        assert lm.n_words[split] == len(raw.split()) + raw.count("\n")  # word-level perplexity's denominator
+    raw = Path(corpus, "test.txt").read_text()
+    assert lm.decode(lm.test) == raw and lm.encode(raw) == lm.test.tolist()
+
+
+def test_a_pretrained_word_level_tokenizer_ends_each_line_with_its_eos(tmp_path):
+    """A word-level tokenizer.json (WordLevel + whitespace split drops newlines): each line's words as it encodes
+    them, then its <eos>; unknown words its unk_token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    corpus = write_corpus(tmp_path / "ptb", PTB_STYLE)
+    words = ["[UNK]", data.EOS, "the", "cat", "sat", "on", "mat", "a", "dog", "log", "is"]
+    tokenizer = Tokenizer(models.WordLevel({w: i + 3 for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = str(tmp_path / "tokenizer.json")
+    tokenizer.save(path)
+    from support import hf
+    assert hf.tokenizer_file(str(tmp_path)) == path  # accepted: it has an <eos>
+    lm = data.prepare(corpus, tokenizer=path, cache_dir=str(tmp_path / "cache"))
+    eos = tokenizer.token_to_id(data.EOS)
+    for split in data.SPLITS:
+        lines = Path(corpus, f"{split}.txt").read_text().split("\n")[:-1]
+        expected = [i for line in lines for i in tokenizer.encode(line).ids + [eos]]
+        assert lm.__dict__[split].tolist() == expected, split
+    assert lm.decode(lm.test).split("\n")[1] == "[UNK] [UNK]"  # "two spaces": words it does not know
+
+
+def test_a_word_level_tokenizer_without_eos_is_refused_in_one_line(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from support import hf, runtime
+    tokenizer = Tokenizer(models.WordLevel({"[UNK]": 0, "the": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(runtime.UserError, match=r"is a word-level tokenizer without <eos>: each line ends with <eos>"):
+        hf.tokenizer_file(str(tmp_path))
