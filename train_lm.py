@@ -136,7 +136,8 @@ def check_gpt2_flags(args, parser):
         parser.error(f"--pretrained {args.pretrained} is a model to convert: add --init pretrained")
     given = [name for name in ("tokenizer", "vocab_size") if name in args.explicit]
     if given:
-        parser.error(f"--{given[0]}: GPT-2 cuts the data with its own tokenizer (its tokenizer.json): drop the flag")
+        parser.error(f"--{given[0]}: {args.pretrained} cuts the data with its own tokenizer (its tokenizer.json): "
+                     "drop the flag")
 
 
 def sru_name(args) -> str:
@@ -240,10 +241,12 @@ class LMTask(Task):
         args = self.args
         if checkpoint is None and args.init == "pretrained" and hf.is_hf(args.pretrained):  # GPT-2 brings its own
             folder = hf.folder_of(args.pretrained)  # tokenizer, kept with the run's flags (generate.py finds it)
-            check_positions(hf.read_config(folder).to_dict(), args, args.pretrained)  # before any work
+            fit_positions(*hf.context_limit(folder), args, args.pretrained)  # before any work
             args.tokenizer = hf.tokenizer_file(folder)
+            if self.ddp.is_main:
+                print(hf.describe(folder, args.tokenizer))
         elif checkpoint is not None:
-            check_positions(checkpoint["config"], args, args.out_dir)
+            fit_positions(checkpoint["config"].get("max_positions"), "its learned positions", args, args.out_dir)
         self.data = load_data(args)
         if len(self.data.train) <= args.block_size:
             raise UserError(f"the training split has {len(self.data.train)} tokens, not more than --block_size "
@@ -265,6 +268,10 @@ class LMTask(Task):
 
     def objective(self, logits, y):
         return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    @property
+    def validation_name(self) -> str:  # the periodic figure is a part of the final one: said so
+        return f"validation loss (its first {self.args.eval_windows} windows)"
 
     def validation_loss(self, model):
         r = evaluate(model, self.data.valid, self.data.eos_id, self.args, self.device, self.dtype, self.ddp,
@@ -303,13 +310,32 @@ class LMTask(Task):
                   f"{r['train_minutes']:.1f} |")
 
 
-def check_positions(config: dict, args, source: str):
-    """Learned positions end at max_positions (GPT-2: 1024): no training or evaluation window may be longer."""
-    limit = config.get("max_positions")
-    for flag in ("block_size", "eval_context"):
-        if limit and getattr(args, flag) > limit:
-            raise UserError(f"--{flag} {getattr(args, flag)} is longer than the {limit} positions {source} has "
-                            f"learned: use at most {limit}")
+def fit_positions(limit: int | None, setting: str, args, source: str):
+    """A checkpoint's context (GPT-2's learned positions end at n_positions; a rotary model was trained up to its
+    max_position_embeddings): --block_size and --eval_context left at their defaults shrink to it (and --eval_score
+    to half of it); every flag given past it is refused, all in one line."""
+    if not limit:
+        return
+    longer = [f for f in ("block_size", "eval_context", "eval_score") if getattr(args, f) > limit]
+    given = [f for f in longer if f in args.explicit]
+    if given:
+        named = ", ".join(f"--{f} {getattr(args, f)}" for f in given)
+        raise UserError(f"{named} {'is' if len(given) == 1 else 'are'} longer than the {limit} positions {source} "
+                        f"supports ({setting}): use at most {limit}")
+    for flag in longer:
+        setattr(args, flag, limit if flag != "eval_score" else limit // 2)
+    if args.eval_score > args.eval_context and "eval_score" not in args.explicit:
+        args.eval_score = args.eval_context // 2
+    if longer:
+        print(f"{source} supports {limit} positions ({setting}): " +
+              ", ".join(f"--{f} {getattr(args, f)}" for f in longer))
+
+
+def protocol(args, lm) -> str:
+    """How a perplexity here is measured, in words: what its owner's evaluation must do to give the same number."""
+    return (f"perplexity over every token of each split, each predicted once with up to {args.eval_context} tokens of "
+            f"context (windows advancing by {args.eval_score}, their last {args.eval_score} scored); the first "
+            f"token predicted after token {lm.eos_id} ({lm.tokenizer.id_to_token(lm.eos_id)!r}, the end of a line)")
 
 
 def load_lm_teacher(args, task):
@@ -325,7 +351,7 @@ def load_lm_teacher(args, task):
         if "dropout" not in args.explicit:
             args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
         check_training_fits(task, lambda: meta_twin(teacher))  # before its evaluation (hours for a large model)
-        print(f"{args.pretrained} as it is (softmax, not finetuned):")
+        print(f"{args.pretrained} as it is (softmax, not finetuned); {protocol(args, lm)}:")
         results = task.report(teacher.to(task.device), 0.0)
         if task.ddp.is_main:
             write_json(os.path.join(args.out_dir, TEACHER_RESULTS), {**results, "attn": f"{args.pretrained} (softmax)"})

@@ -113,6 +113,27 @@ def read_settings(folder: str) -> dict:
     return settings
 
 
+def context_limit(folder: str) -> tuple:
+    """(the longest sequence the checkpoint supports, the setting that says so): GPT-2's n_positions (its learned
+    table ends there), a rotary model's max_position_embeddings (what it was trained to); (None, "") if none."""
+    settings = read_settings(folder)
+    key = "n_positions" if settings.get("model_type") == "gpt2" else "max_position_embeddings"
+    limit = settings.get(key)
+    return (limit, key) if type(limit) is int and limit > 0 else (None, "")
+
+
+def describe(folder: str, tokenizer_path: str) -> str:
+    """One line of what an hf: run converts: the family, its sizes, its context and its tokenizer."""
+    settings, config = read_settings(folder), read_config(folder)
+    limit, setting = context_limit(folder)
+    tokenizer = Tokenizer.from_file(tokenizer_path)
+    heads = f"{config.n_head} heads" + (f" ({config.n_kv_head} key/value)" if config.n_kv_head not in (0, config.n_head)
+                                         else "")
+    return (f"{folder}: {settings['model_type']}, {config.n_layer} layers, d_model {config.d_model}, {heads}, "
+            f"vocabulary {config.vocab_size}" + (f", {limit} positions ({setting})" if limit else "") +
+            f"; tokenizer: {type(tokenizer.model).__name__}, {tokenizer.get_vocab_size()} tokens")
+
+
 def read_config(folder: str, settings: dict | None = None) -> FamilyConfig:
     """Our FamilyConfig of the folder's config.json (its settings, if read already), for each family its own reading; any
     other family is refused."""

@@ -172,8 +172,9 @@ def processes(args):
     process prints the run's flags first."""
     ddp = setup_distributed()
     decoding_kernels()  # a translator's batches, like decoding's steps, bring new shapes (see decoding_kernels)
-    if ddp.is_main:
-        print_config(os.path.basename(sys.argv[0]), serializable(vars(args)))
+    if ddp.is_main:  # a Hugging Face checkpoint brings its own shapes, tokenizer and dropout: those flags not
+        shown = {k: v for k, v in vars(args).items() if k not in ignored_by_checkpoint(args)}
+        print_config(os.path.basename(sys.argv[0]), serializable(shown))
     try:
         yield ddp
         if ddp.enabled:  # wait for the main process's final evaluation: a gloo group torn down early can abort
@@ -268,9 +269,12 @@ def announce_conversion(model, args):
         print(f"continuing {args.pretrained} unchanged (softmax): the finetuning budget without the swap")
         return
     causal, cross = feature_sizes(model.config)
+    new = sum(p.numel() for name, p in model.named_parameters() if name in new_tensors(model))
+    added = {"t2r": "feature maps", "rfa": "random projections"}.get(args.attn, "")
+    added = " and ".join(filter(None, (added if new else "", "window gates" if args.window else "")))
     print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
           + (f", softmax window {args.window}" if args.window else "")
-          + f"; new parameters: feature maps{' and window gates' if args.window else ''} only")
+          + (f"; new parameters: {added} only ({new:,})" if new else "; no new parameters"))
 
 
 def print_conversion_table(task_class, args, ddp, teacher_results, results):
@@ -307,6 +311,15 @@ def teacher_run_args(args, schedules: dict, overrides: dict):
     return teacher
 
 
+def ignored_by_checkpoint(args) -> set:
+    """The flags a Hugging Face checkpoint decides (its sizes, tokenizer, and dropout unless given): an hf: run
+    does not print them, nor pretends to use them."""
+    if not (getattr(args, "init", None) == "pretrained" and is_hf(getattr(args, "pretrained", "") or "")):
+        return set()
+    return {"n_layer", "n_head", "d_model", "d_ff", "tokenizer", "vocab_size", "adaptive_cutoffs", "adaptive_factor"} | \
+        ({"dropout"} - getattr(args, "explicit", set()))
+
+
 # The flags that shape the conversion, not the softmax teacher: a teacher trained first may differ in them
 CONVERSION_ONLY = {"feature_size", "cross_feature_size", "chunk_size", "window", "keep_softmax_every",
                    "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr"}
@@ -329,8 +342,7 @@ def check_unfinished_teacher(teacher):
 def load_teacher(args, what: str) -> dict:
     """The checkpoint --init pretrained converts: finished, with finite weights."""
     if is_hf(args.pretrained):
-        raise UserError(f"--pretrained {args.pretrained} is a Hugging Face GPT-2, a language model: train_lm.py "
-                        f"converts it")
+        raise UserError(f"--pretrained {args.pretrained} is a Hugging Face language model: train_lm.py converts it")
     checkpoint = load_checkpoint(args.pretrained, what)
     if checkpoint["config"].get("arch", "transformer") != "transformer":
         raise UserError(f"{args.pretrained} is an {checkpoint['config']['arch'].upper()} model: --init pretrained "

@@ -85,6 +85,7 @@ class Task:
     SCHEDULES: dict = {}  # the default budgets, {"random": dict(max_steps, lr), "pretrained": dict(...)}
     generator = None  # a data generator saved and restored with the checkpoint (None: batches follow the step)
     trains_part = False  # whether a step may leave some parameters without a gradient (DDP must be told)
+    validation_name = "validation loss"  # what the periodic evaluation logs (the LM's: on some windows only)
 
     def __init__(self, args, ddp: Distributed):
         self.args, self.ddp = args, ddp
@@ -324,7 +325,7 @@ def validate(task: Task, model, p: Progress):
     p.best_val = min(p.best_val, val_loss)
     p.curve.append([p.step, p.tokens, val_loss])
     if task.ddp.is_main:
-        tqdm.write(f"step {p.step}: validation loss {val_loss:.4f} (ppl {math.exp(val_loss):.2f}), "
+        tqdm.write(f"step {p.step}: {task.validation_name} {val_loss:.4f} (ppl {math.exp(val_loss):.2f}), "
                    f"best {p.best_val:.4f}")
 
 

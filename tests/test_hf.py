@@ -206,6 +206,25 @@ def test_the_position_limit_is_exact(num_tokens, fits):
         generate.check_positions(config.max_positions, 3, argparse.Namespace(num_tokens=num_tokens, ckpt="model.pt"))
 
 
+def test_an_hf_run_says_what_it_converts_and_not_the_flags_it_ignores(tiny_gpt2, tmp_path):
+    """Its first line leaves out the sizes, tokenizer and dropout the checkpoint decides; the next names the family,
+    sizes and tokenizer; an ELU conversion adds no parameters and says so; the periodic validation says it is
+    partial."""
+    folder, corpus, _ = tiny_gpt2
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--attn", "elu",
+            "--out_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *FINETUNE]
+    result = run_in_process("train_lm.py", *argv, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    print("\n".join(lines[:6]))
+    assert lines[0].startswith("train_lm.py: ") and not re.search(r"\b(tokenizer|vocab_size|dropout|d_model)=",
+                                                                   lines[0])
+    assert f"{folder}: gpt2, 2 layers, d_model 64, 4 heads, vocabulary " in result.stdout
+    assert "128 positions (n_positions); tokenizer: BPE, " in result.stdout
+    assert "to elu: causal k=16; no new parameters" in result.stdout
+    assert "validation loss (its first 4 windows)" in result.stdout
+
+
 @pytest.mark.parametrize("flag", ["--block_size", "--eval_context"])
 def test_windows_longer_than_the_learned_positions_are_refused(tiny_gpt2, tmp_path, flag):
     folder, corpus, _ = tiny_gpt2
@@ -215,6 +234,27 @@ def test_windows_longer_than_the_learned_positions_are_refused(tiny_gpt2, tmp_pa
         train_lm.main(argv)
     print(error.value)
     assert not (tmp_path / "cache").exists()  # refused before the corpus was tokenised
+
+
+def test_every_window_flag_past_the_positions_is_refused_in_one_message(tiny_gpt2, tmp_path):
+    folder, corpus, _ = tiny_gpt2
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--out_dir",
+            str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *FINETUNE, "--block_size", "200",
+            "--eval_context", "300", "--eval_score", "150"]
+    with pytest.raises(runtime.UserError, match="--block_size 200, --eval_context 300, --eval_score 150 are longer "
+                                                r"than the 128 positions .* supports \(n_positions\)"):
+        train_lm.main(argv)
+
+
+@pytest.mark.parametrize("limit, expected", [(100, (100, 100, 50)), (300, (300, 300, 256)), (1024, (512, 512, 256))])
+def test_the_windows_default_to_what_the_checkpoint_supports(limit, expected, tmp_path, capsys):
+    """A rotary model's max_position_embeddings (or GPT-2's n_positions) shorter than the defaults becomes them:
+    --block_size, --eval_context, and --eval_score at most half the context."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": limit}))
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", f"hf:{tmp_path}"])
+    train_lm.fit_positions(*hf.context_limit(str(tmp_path)), args, "the model")
+    assert (args.block_size, args.eval_context, args.eval_score) == expected
+    assert ("max_position_embeddings" in capsys.readouterr().out) == (limit < 512)
 
 
 # -----------------------------------------------------------------------------
