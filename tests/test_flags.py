@@ -67,7 +67,7 @@ GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, 
     ("train_lm.py", "--arch rnn", "invalid choice: 'rnn'"),
     # GPT-2 from Hugging Face
     ("train_lm.py", "--pretrained hf:gpt2", "is a model to convert: add --init pretrained"),
-    ("train_lm.py", "--init pretrained --pretrained hf:gpt2 --tokenizer bpe", "--tokenizer: GPT-2 cuts the data"),
+    ("train_lm.py", "--init pretrained --pretrained hf:gpt2 --tokenizer bpe", "--tokenizer: hf:gpt2 cuts the data"),
     # train_mt.py
     ("train_mt.py", "--no_such_flag", "unrecognized arguments"),
     ("train_mt.py", "--max_tokens 10 --max_len 40", "cannot hold one sentence"),
