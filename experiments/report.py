@@ -176,8 +176,12 @@ def equal_budget_section(results: dict, figure) -> list:
     size = LM_SIZES["full"]
     steps = size["pretrain_steps"] + size["finetune_steps"]
     return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps |", "|---|---|---|---|",
-            *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({len(c)} seeds) | {mean_spread(r)} ({len(r)} seeds) |"
+            *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({seeds(c)}) | {mean_spread(r)} ({seeds(r)}) |"
               for b, c, r in points], "", *figure("equal_budget.png", "Equal budgets", "lm_ptb.csv")]
+
+
+def seeds(runs: list) -> str:
+    return f"{len(runs)} seed" + ("" if len(runs) == 1 else "s")
 
 
 def curves_section(results: dict, figure) -> list:
