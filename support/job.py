@@ -173,7 +173,8 @@ def processes(args):
     ddp = setup_distributed()
     decoding_kernels()  # a translator's batches, like decoding's steps, bring new shapes (see decoding_kernels)
     if ddp.is_main:  # a Hugging Face checkpoint brings its own shapes, tokenizer and dropout: those flags not
-        shown = {k: v for k, v in vars(args).items() if k not in ignored_by_checkpoint(args)}
+        ignored = ignored_by_checkpoint(args) | ({"feature_size"} if getattr(args, "attn", None) == "elu" else set())
+        shown = {k: v for k, v in vars(args).items() if k not in ignored}  # ELU's k is the head size
         print_config(os.path.basename(sys.argv[0]), serializable(shown))
     try:
         yield ddp

@@ -217,8 +217,8 @@ def test_an_hf_run_says_what_it_converts_and_not_the_flags_it_ignores(tiny_gpt2,
     assert result.returncode == 0, result.stderr[-2000:]
     lines = result.stdout.splitlines()
     print("\n".join(lines[:6]))
-    assert lines[0].startswith("train_lm.py: ") and not re.search(r"\b(tokenizer|vocab_size|dropout|d_model)=",
-                                                                   lines[0])
+    assert lines[0].startswith("train_lm.py: ") and not re.search(
+        r"\b(tokenizer|vocab_size|dropout|d_model|feature_size)=", lines[0])  # ELU's k is the head size
     assert f"{folder}: gpt2, 2 layers, d_model 64, 4 heads, vocabulary " in result.stdout
     assert "128 positions (n_positions); tokenizer: BPE, " in result.stdout
     assert "to elu: causal k=16; no new parameters" in result.stdout
