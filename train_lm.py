@@ -323,9 +323,9 @@ def fit_positions(limit: int | None, setting: str, args, source: str):
         raise UserError(f"{named} {'is' if len(given) == 1 else 'are'} longer than the {limit} positions {source} "
                         f"supports ({setting}): use at most {limit}")
     for flag in longer:
-        setattr(args, flag, limit if flag != "eval_score" else limit // 2)
-    if args.eval_score > args.eval_context and "eval_score" not in args.explicit:
-        args.eval_score = args.eval_context // 2
+        setattr(args, flag, limit)
+    if longer and "eval_score" not in args.explicit:  # at most half the context: a scored token sees half of it
+        args.eval_score = min(args.eval_score, args.eval_context // 2)
     if longer:
         print(f"{source} supports {limit} positions ({setting}): " +
               ", ".join(f"--{f} {getattr(args, f)}" for f in longer))

@@ -299,7 +299,8 @@ def speed_claim(soft: dict, t2r: dict, elu: dict) -> tuple:
     ks = (elu.get("k_cross"), t2r.get("k_cross"), t2r.get("k_causal"))
     # the paper's ELU has k = its head size, 64, twice T2R's 32: at a head size of 32 ELU's k equals T2R's cross k
     heads = (f"; ELU's k is the head size, {ks[0]}, against T2R's {ks[1]} (cross) and {ks[2]} (causal): "
-             + ("only the decoder's causal k is smaller" if ks[0] == ks[1] else "smaller in both")
+             + ("only the decoder's causal k is smaller" if ks[0] == ks[1] else "smaller in both" if ks[0] > ks[1]
+                else "T2R's cross k is the larger")
              if None not in ks else "")
     return ("T2R decodes faster than ELU (smaller k) and than the transformer: greedy, batch 16, on the "
             "test sentences" + (f" ({length:.0f} tokens on average)" if length else ""), PAPER_SPEED,

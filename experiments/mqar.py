@@ -140,9 +140,9 @@ def plan(size: dict, ks=(8, 16, 32, 64)) -> list:
                      Run(f"t2r{k}+transfer{tag}", attn="t2r", k=k, converted=True, transfer=True, conv=conv)]
             runs += [] if conv else [Run(f"t2r{k}+window{size['window']}", attn="t2r", k=k, converted=True,
                                          window=size["window"])]
-        for model, arch, attn, k in FROM_SCRATCH:
-            family = f"softmax{tag}" if model == "softmax" else f"{model} from scratch{tag}"
-            runs += [Run(f"{model} from scratch{tag} lr {lr:g}", arch, attn, k, conv=conv, lr=lr, model=family)
+        for model, arch, attn, k in FROM_SCRATCH:  # the teacher is the softmax sweep's run at its rate (rows_of)
+            runs += [Run(f"{model} from scratch{tag} lr {lr:g}", arch, attn, k, conv=conv, lr=lr,
+                         model=f"{model} from scratch{tag}")
                      for lr in size["lrs"] if not (arch == "sru++" and conv) and (model, lr) != ("softmax", size["lr"])]
     return runs
 
@@ -288,13 +288,16 @@ def check_planned(run: Run, size: dict, folder: str):
                             f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
 
 
-def rows_of(run: Run, results: dict, steps: int, transfer_steps: int = 0) -> list:
-    """The run's rows at every pair count; after attention transfer, also its recall right after the stage."""
+def rows_of(run: Run, results: dict, steps: int, transfer_steps: int = 0, teacher_lr: float = 0.0) -> list:
+    """The run's rows at every pair count; after attention transfer, also its recall right after the stage; the
+    teacher's again as a member of the softmax sweep (at teacher_lr)."""
     row = lambda model, found, n, steps: dict(
         model=model, run=run.name, lr=run.lr or None, conv=int(run.conv), selected=1, pairs=n, length=length_for(n),
         accuracy=round(found["accuracy"][str(n)], 4), state_bytes=found["state_bytes"][str(length_for(n))],
         steps=steps, valid_loss=found.get("valid_loss"), train_minutes=round(results["train_minutes"], 2))
     rows = [row(run.model, results, n, steps) for n in PAIRS]
+    if run.name == teacher_of(run) and teacher_lr:  # "softmax", "softmax+conv": trained from scratch too
+        rows += [{**r, "model": f"softmax from scratch{'+conv' if run.conv else ''}", "lr": teacher_lr} for r in rows]
     if results.get("after_transfer"):  # the transfer stage's model, before any finetuning
         rows += [row(f"{run.model} (after transfer, before finetuning)", results["after_transfer"], n,
                      transfer_steps) for n in PAIRS]
@@ -339,15 +342,16 @@ def main(argv=None):
             print(f"{run.name}: {steps} steps at lr {run.lr or size['lr']:g}" +
                   (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
         return
-    for run in runs:  # every saved run of this plan's, before any work
+    for run in runs:  # every saved run of this plan's, here or kept, before any work
         check_planned(run, size, folder_of(run, args.out_dir))
+        check_planned(run, size, folder_of(run, args.records))
     rows, t0 = [], time.time()
     for run in runs:
         print(f"--- {run.name}", flush=True)
         steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
                                                                   else size["teacher_steps"])
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
-                        size["transfer_steps"] if run.transfer else 0)
+                        size["transfer_steps"] if run.transfer else 0, size["lr"])
     rows = select_rates(rows)
     write_csv(args.csv, rows, COLUMNS)
     # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed

@@ -84,8 +84,7 @@ def mqar_reading(rows: list) -> list:
     if not pairs:
         return []
     few, most = (FEW_PAIRS if FEW_PAIRS in pairs else pairs[0]), pairs[-1]
-    at = lambda model, n: next((r for r in rows if r.get("run", r["model"]) == model and r["pairs"] == n), None) or \
-        next((r for r in rows if r["model"] == model and r["pairs"] == n), None)
+    at = lambda model, n: next((r for r in rows if r["model"] == model and r["pairs"] == n), None)
     models = list(dict.fromkeys(r["model"] for r in rows))
     plain = sorted((m for m in models if re.fullmatch(r"t2r\d+", m)), key=lambda m: int(m[3:]))
     if not (plain and at("softmax", few) and at("softmax", most)):

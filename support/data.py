@@ -12,8 +12,9 @@ Conventions (those of the paper's setup, fairseq's WikiText-103 language modelli
 - "bpe": byte-level BPE trained on the training split. n_words counts whitespace words + one <eos> a line:
   word-level ppl = exp(total NLL / n_words).
 - The path of a pretrained model's tokenizer.json: the text is encoded as that tokenizer encodes the file, its spaces
-  and newlines as they are, in pieces that end at line breaks, so that a model trained elsewhere on the same file sees
-  the same ids (no <eos> is added: its newline is in its tokens). A word-level one ends each line with its <eos>.
+  and newlines as they are (pieces of whole lines, megabytes each, each encoded as one string), so that a model
+  trained elsewhere on the same file sees the same ids; no <eos> is added: its newlines are in its tokens. A
+  word-level one drops newlines: each line is encoded alone and ends with its <eos>.
 Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
 """
 
@@ -78,19 +79,21 @@ def train_tokenizer(kind: str, train: str | Path, vocab_size: int | None = None)
 
 
 def _encode(text: str, kind: str, tokenizer: Tokenizer, vocab: dict[str, int]) -> tuple[list[int], int]:
-    """Token ids of text and its number of words (whitespace words + one <eos> a newline)."""
+    """Token ids of text (a piece of whole lines) and its number of words (whitespace words + one <eos> a newline)."""
     n_words = len(text.split()) + text.count("\n")
-    if kind == "word" or word_level(tokenizer):
+    lines = text.split("\n")
+    if kind == "word":
         # A dict lookup gives the ids WordLevel + WhitespaceSplit would, ~5x faster than encode_batch
         # (PTB train: 0.13 s against 0.7 s), which matters for WikiText-103's 103M words.
         words = text.replace("\n", f" {EOS} ").split()
-        unk = vocab[tokenizer.model.unk_token]
+        unk = vocab[UNK]
         return [vocab.get(w, unk) for w in words], n_words
-    lines = text.split("\n")
-    if kind != "bpe":  # pretrained: the text as it is, cut after each newline (a piece keeps its "\n")
-        pieces = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-        return [i for e in tokenizer.encode_batch(pieces, add_special_tokens=False) for i in e.ids], n_words
-    encodings = tokenizer.encode_batch([" ".join(line.split()) for line in lines], add_special_tokens=False)
+    if kind != "bpe" and not word_level(tokenizer):  # pretrained BPE: the piece as one string, as the tokenizer
+        return tokenizer.encode(text, add_special_tokens=False).ids, n_words  # reads the file (merges over "\n" too)
+    # each line alone, then <eos>: the project's BPE (words re-joined by one space), or a pretrained word-level
+    # tokenizer, which drops newlines (its own normalizer and pre-tokenizer applied)
+    lines = lines if kind != "bpe" else [" ".join(line.split()) for line in lines]
+    encodings = tokenizer.encode_batch(lines, add_special_tokens=False)
     ids, eos = [], vocab[EOS]
     for i, encoding in enumerate(encodings):
         ids += encoding.ids
@@ -101,6 +104,11 @@ def _encode(text: str, kind: str, tokenizer: Tokenizer, vocab: dict[str, int]) -
 
 def word_level(tokenizer: Tokenizer) -> bool:
     return isinstance(tokenizer.model, models.WordLevel)
+
+
+def vocab_extent(tokenizer: Tokenizer) -> int:
+    """One past the largest id: the embedding table's rows (get_vocab_size counts tokens, not ids)."""
+    return max(tokenizer.get_vocab().values()) + 1
 
 
 # -----------------------------------------------------------------------------
@@ -225,8 +233,9 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
     tokenizer = train_tokenizer(sources["tokenizer"], sources["train"], expected["bpe_vocab_size"])  # word, bpe, a path
     vocab = tokenizer.get_vocab()  # a pretrained BPE (GPT-2's) has no <eos>: its newline token stands for it
     vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n", add_special_tokens=False).ids[-1]
-    dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
-    meta = {**expected, "vocab_size": tokenizer.get_vocab_size(), "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
+    extent = vocab_extent(tokenizer)  # ids run below this (a vocabulary need not count from 0 without gaps)
+    dtype = np.uint16 if extent <= 1 << 16 else np.int32
+    meta = {**expected, "vocab_size": extent, "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
             "tokens": {}, "words": {}}
     for split in SPLITS:
         n_tokens = n_words = 0
@@ -282,7 +291,7 @@ def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMD
                     n_words=dict(meta["words"]), kind=meta["kind"], cache=str(folder))
     except Exception as error:  # OSError, KeyError, ValueError..., and tokenizers raises plain Exception
         return None, f"unreadable cache ({type(error).__name__})"
-    if tokenizer.get_vocab_size() != lm.vocab_size:
+    if vocab_extent(tokenizer) != lm.vocab_size:
         return None, "tokenizer.json does not match meta.json"
     return lm, ""
 

@@ -10,6 +10,7 @@ ELU and RFA layers into it (the same parameters, so its checkpoints stay the pap
 """
 
 import importlib.util
+import inspect
 
 import torch
 
@@ -24,9 +25,10 @@ def fla_chunked_sums(fq, fk, v):
     """The numerator (B, H, T, d) and denominator (B, H, T) of Eq. 4, as linear_attention_chunked_sums gives them."""
     from fla.ops.linear_attn import chunk_linear_attn  # imported here: the package is optional
 
-    # fla's layout is (B, T, H, .); scale 1: phi(q) . phi(k) unscaled, as in Eq. 3
+    # fla's layout is (B, T, H, .), said where a release still takes head_first; scale 1: phi(q) . phi(k), Eq. 3
+    layout = {"head_first": False} if "head_first" in inspect.signature(chunk_linear_attn).parameters else {}
     numerator, _ = chunk_linear_attn(fq.transpose(1, 2), fk.transpose(1, 2), v.transpose(1, 2), scale=1.0,
-                                     normalize=False)
+                                     normalize=False, **layout)
     denominator = (fq * fk.cumsum(2)).sum(-1)  # phi(q_i) . z_i, z_i = sum_{j <= i} phi(k_j)  (Eqs. 5-7)
     return numerator.transpose(1, 2), denominator
 

@@ -98,12 +98,18 @@ def data_identity(lm) -> dict:
                 "data": fingerprint(json.dumps(meta["fingerprint"], sort_keys=True))}
     if "content" in meta:  # the whole text's hashes; a checkpoint written before them is checked on "data" alone
         identity["content"] = fingerprint(json.dumps(meta["content"], sort_keys=True))
+    if meta["kind"] not in ("word", "bpe"):  # a pretrained tokenizer's ids are the file's own encoding since format 2
+        identity["stream"] = f"the tokenizer's encoding of the file (cache format {meta['format']})"
     return identity
 
 
 def check_identity(checkpoint: dict, current: dict, path: str):
     """Refuse to continue or evaluate a run on another tokenizer, other data, or another number of processes."""
     saved = checkpoint.get("identity", {})
+    if "stream" in current and "tokenizer" in saved and "stream" not in saved:
+        raise UserError(f"{path} was trained on a pretrained tokenizer's ids of each line's words re-joined, which this "
+                        "version no longer makes (it encodes the file as the tokenizer does): train a new run in "
+                        "another --out_dir")
     for key in sorted(set(saved) & set(current)):
         if saved[key] == current[key]:
             continue

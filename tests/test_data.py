@@ -479,3 +479,44 @@ def test_a_word_level_tokenizer_without_eos_is_refused_in_one_line(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(runtime.UserError, match=r"is a word-level tokenizer without <eos>: each line ends with <eos>"):
         hf.tokenizer_file(str(tmp_path))
+
+
+def test_a_pretrained_bpe_that_merges_across_newlines_sees_the_same_ids(tmp_path):
+    """WikiText-shaped text, blank lines included, and a byte-level BPE trained on the whole file (so it has merges
+    such as " \\n \\n"): the stream is still the tokenizer's encoding of the file, id for id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    lines = [" = Valkyria = ", " ", " Senjo no Valkyria is a game . ", " ", " = = Gameplay = = ", " ", " It is . "] * 8
+    corpus = write_corpus(tmp_path / "wiki", {"train": lines, "valid": lines[:7], "test": lines[:5]})
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer.train_from_iterator([Path(corpus, "train.txt").read_text()], trainers.BpeTrainer(
+        vocab_size=320, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    assert any("Ċ" in token and len(token) > 2 for token in tokenizer.get_vocab())  # merges over a newline
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    lm = data.prepare(corpus, tokenizer=str(tmp_path / "tokenizer.json"), cache_dir=str(tmp_path / "cache"))
+    for split in data.SPLITS:
+        assert lm.__dict__[split].tolist() == tokenizer.encode(Path(corpus, f"{split}.txt").read_text()).ids, split
+
+
+def test_a_pretrained_word_level_tokenizer_keeps_its_normalizer_and_its_ids(tmp_path):
+    """Its normalizer (lowercase here) and pre-tokenizer apply, and ids that do not count from 0 without gaps size
+    the embedding table by the largest one."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    corpus = write_corpus(tmp_path / "c", {"train": ["The Cat sat", "a DOG"] * 5, "valid": ["the dog"], "test": ["Cat"]})
+    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, data.EOS: 1, "the": 5, "cat": 6, "sat": 7, "a": 8, "dog": 20},
+                                           unk_token="<unk>"))
+    tokenizer.normalizer, tokenizer.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    lm = data.prepare(corpus, tokenizer=str(tmp_path / "tokenizer.json"), cache_dir=str(tmp_path / "cache"))
+    assert lm.train.tolist()[:6] == [5, 6, 7, 1, 8, 20] and lm.test.tolist() == [6, 1]
+    assert lm.vocab_size == 21  # the largest id + 1, not the 7 tokens
+
+
+def test_a_run_on_the_old_pretrained_token_stream_is_refused_in_one_line():
+    """Before the file was encoded as its tokenizer does, each line's words were re-joined: a checkpoint of that
+    stream must not be continued on the new one (same tokenizer, same text, other ids)."""
+    from support import runtime
+    current = {"tokenizer": "abc", "data": "d", "stream": "the tokenizer's encoding of the file (cache format 2)"}
+    run_files.check_identity({"identity": current}, current, "run/ckpt.pt")  # the same stream: fine
+    with pytest.raises(runtime.UserError, match="^run/ckpt.pt was trained on a pretrained tokenizer's ids of each"):
+        run_files.check_identity({"identity": {"tokenizer": "abc", "data": "d"}}, current, "run/ckpt.pt")

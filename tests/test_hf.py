@@ -246,7 +246,7 @@ def test_every_window_flag_past_the_positions_is_refused_in_one_message(tiny_gpt
         train_lm.main(argv)
 
 
-@pytest.mark.parametrize("limit, expected", [(100, (100, 100, 50)), (300, (300, 300, 256)), (1024, (512, 512, 256))])
+@pytest.mark.parametrize("limit, expected", [(100, (100, 100, 50)), (300, (300, 300, 150)), (1024, (512, 512, 256))])
 def test_the_windows_default_to_what_the_checkpoint_supports(limit, expected, tmp_path, capsys):
     """A rotary model's max_position_embeddings (or GPT-2's n_positions) shorter than the defaults becomes them:
     --block_size, --eval_context, and --eval_score at most half the context."""

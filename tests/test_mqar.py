@@ -61,8 +61,11 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     with open(tmp_path / "out/mqar-quick/mqar.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     plan = mqar.plan(mqar.MQAR_SIZES["quick"])
-    trained = [(r["run"], int(r["pairs"])) for r in rows if "(after transfer" not in r["model"]]
+    model_of = {run.name: run.model for run in plan}
+    trained = [(r["run"], int(r["pairs"])) for r in rows if r["model"] == model_of[r["run"]]]
     assert trained == [(run.name, n) for run in plan for n in mqar.PAIRS]
+    sweep = {r["run"] for r in rows if r["model"] == "softmax from scratch"}
+    assert sweep == {"softmax", "softmax from scratch lr 0.004"}  # the teacher is the sweep's run at its own rate
     sizes = {run.name: [int(r["state_bytes"]) for r in rows if r["run"] == run.name] for run in plan}
     print({m: s[-1] for m, s in sizes.items()})
     assert sizes["softmax"][0] < sizes["softmax"][-1]  # a KV cache grows with the sequence (64 -> 256 tokens)
