@@ -58,7 +58,8 @@ def hf_model(family: str, size: dict, vocab: int):
     import transformers
     if family == "gpt2":
         config = transformers.GPT2Config(n_layer=size["layers"], n_embd=size["hidden"], n_head=size["heads"],
-                                         n_positions=size["positions"], vocab_size=vocab)
+                                         n_positions=size["positions"], vocab_size=vocab, bos_token_id=0,
+                                         eos_token_id=0)  # <|endoftext|>, the tokenizer's first token
         return transformers.GPT2LMHeadModel(config)
     name = {"llama": "Llama", "qwen2": "Qwen2"}[family]
     config = getattr(transformers, f"{name}Config")(
