@@ -290,14 +290,15 @@ def check_planned(run: Run, size: dict, folder: str):
 
 def rows_of(run: Run, results: dict, steps: int, transfer_steps: int = 0, teacher_lr: float = 0.0) -> list:
     """The run's rows at every pair count; after attention transfer, also its recall right after the stage; the
-    teacher's again as a member of the softmax sweep (at teacher_lr)."""
+    teacher's again as a member of the softmax sweep. teacher_lr: the size's rate, every run's but the sweep's."""
     row = lambda model, found, n, steps: dict(
-        model=model, run=run.name, lr=run.lr or None, conv=int(run.conv), selected=1, pairs=n, length=length_for(n),
+        model=model, run=run.name, lr=run.lr or teacher_lr or None, conv=int(run.conv), selected=1, pairs=n,
+        length=length_for(n),
         accuracy=round(found["accuracy"][str(n)], 4), state_bytes=found["state_bytes"][str(length_for(n))],
         steps=steps, valid_loss=found.get("valid_loss"), train_minutes=round(results["train_minutes"], 2))
     rows = [row(run.model, results, n, steps) for n in PAIRS]
     if run.name == teacher_of(run) and teacher_lr:  # "softmax", "softmax+conv": trained from scratch too
-        rows += [{**r, "model": f"softmax from scratch{'+conv' if run.conv else ''}", "lr": teacher_lr} for r in rows]
+        rows += [{**r, "model": f"softmax from scratch{'+conv' if run.conv else ''}"} for r in rows]
     if results.get("after_transfer"):  # the transfer stage's model, before any finetuning
         rows += [row(f"{run.model} (after transfer, before finetuning)", results["after_transfer"], n,
                      transfer_steps) for n in PAIRS]

@@ -56,8 +56,8 @@ def mqar_section(results: dict, figure) -> list:
                     *figure("mqar.png", "What a fixed state forgets", "mqar.csv", mqar_provenance(where))]
 
 
-def rate(row: dict) -> str:
-    return f"{row['lr']:g}" if row.get("lr") else "the teacher's"
+def rate(row: dict) -> str:  # a table from before the sweep has none
+    return f"{row['lr']:g}" if row.get("lr") else "-"
 
 
 def sweep_table(rows: list, pairs: list) -> list:

@@ -103,7 +103,7 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     report.write_report(str(tmp_path))
     page, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
     print(page[page.index("## What a fixed state"):page.index("## Feature size")])
-    assert "| t2r64 | the teacher's | 800 | 66,560 | 0.950 | 0.500 |" in page  # a table from before the sweep
+    assert "| t2r64 | - | 800 | 66,560 | 0.950 | 0.500 |" in page  # a table from before the sweep
     assert "This table was written before the learning-rate sweep" in page
     assert "`python -m experiments.mqar` on a CPU, 2 threads, torch 2.13.0+cpu, 2026-11-25 (58 minutes" in page
     kept = "- **Kept**: at 8 pairs T2R recalls 0.90-0.95 (k = 8, 64; the teacher 1.00)."
