@@ -128,14 +128,14 @@ class Run:
 FROM_SCRATCH = (("softmax", "transformer", "softmax", 0), ("t2r32", "transformer", "t2r", 32), ("sru++", "sru++", "", 0))
 
 
-def plan(size: dict, ks=(8, 16, 32, 64)) -> list:
+def plan(size: dict) -> list:
     """The teacher, its conversions, and every model from scratch at each rate of the sweep (the teacher is the
     softmax one at the size's rate); then the same with the short convolution, but the window and SRU++."""
     runs = []
     for conv in (False, True):
         tag = "+conv" if conv else ""
         runs.append(Run(f"softmax{tag}", conv=conv))
-        for k in ks:
+        for k in size["ks"]:
             runs += [Run(f"t2r{k}{tag}", attn="t2r", k=k, converted=True, conv=conv),
                      Run(f"t2r{k}+transfer{tag}", attn="t2r", k=k, converted=True, transfer=True, conv=conv)]
             runs += [] if conv else [Run(f"t2r{k}+window{size['window']}", attn="t2r", k=k, converted=True,

@@ -69,7 +69,7 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     sizes = {run.name: [int(r["state_bytes"]) for r in rows if r["run"] == run.name] for run in plan}
     print({m: s[-1] for m, s in sizes.items()})
     assert sizes["softmax"][0] < sizes["softmax"][-1]  # a KV cache grows with the sequence (64 -> 256 tokens)
-    for name in ("t2r8", "t2r64+transfer", "t2r16+window16", "t2r32 from scratch lr 0.002", "t2r8+conv"):
+    for name in ("t2r8", "t2r64+transfer", "t2r64+window16", "t2r32 from scratch lr 0.002", "t2r8+conv"):
         assert len(set(sizes[name])) == 1, name  # constant-size states (the convolution's last 2 inputs too)
     assert sizes["t2r8+conv"][0] > sizes["t2r8"][0]  # ... which the convolution adds
     after = {r["run"] for r in rows if r["model"].endswith("(after transfer, before finetuning)")}
