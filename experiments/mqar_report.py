@@ -101,8 +101,9 @@ def mqar_reading(rows: list) -> list:
              + "".join(f"; with {name}, {span(found, most)}" for name, found in variants if found) + "."]
     scratch = [m for m in models if "scratch" in m and "+conv" not in m]
     if scratch:
+        state = lambda m: " (a KV cache in its attention layers)" if m.startswith("sru++") else ""  # not a fixed state
         lines.append("- **From scratch**, for the teacher's steps: " + ", ".join(
-            f"{m} {at(m, few)['accuracy']:.2f} at {few} pairs and {at(m, most)['accuracy']:.2f} at {most}"
+            f"{m}{state(m)} {at(m, few)['accuracy']:.2f} at {few} pairs and {at(m, most)['accuracy']:.2f} at {most}"
             for m in scratch) + ".")
     conv = [m for m in models if m.endswith("+conv") and "(after" not in m]
     if conv:
