@@ -98,13 +98,11 @@ def train_teacher(family: str, size: dict, tokenizer, texts: dict, folder: str):
 
 
 @torch.no_grad()
-def owner_perplexity(model, tokenizer, text: str, size: dict) -> float:
-    """transformers' own forward on the tokenizer's encoding of the file, with train_lm.py's protocol (every token
-    once, up to `context` tokens of context, the first after the newline token)."""
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    newline = tokenizer.encode("\n", add_special_tokens=False).ids[0]
+def owner_perplexity(model, ids: list, context: int, score: int, first_after: int) -> float:
+    """transformers' own forward on the tokens, with train_lm.py's protocol (every token once, up to `context`
+    tokens of context, the first predicted after `first_after`)."""
     nll = count = 0.0
-    for x, y, mask in eval_windows(ids, size["context"], size["score"], bos=newline):
+    for x, y, mask in eval_windows(ids, context, score, bos=first_after):
         logits = model(input_ids=x[None]).logits[0].double()
         nll += torch.nn.functional.cross_entropy(logits, y, reduction="none")[mask].sum().item()
         count += mask.sum().item()
@@ -210,7 +208,9 @@ def main(argv=None):
             model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
         else:
             model = train_teacher(family, size, tokenizer, texts, folder)
-        owner[family] = owner_perplexity(model, tokenizer, texts["valid"], size)
+        ids = tokenizer.encode(texts["valid"], add_special_tokens=False).ids  # the file, as the tokenizer reads it
+        newline = tokenizer.encode("\n", add_special_tokens=False).ids[0]
+        owner[family] = owner_perplexity(model, ids, size["context"], size["score"], newline)
         print(f"{family} teacher, by transformers: valid ppl {owner[family]:.2f}", flush=True)
     rows = []
     for family, name, settings in runs + best_of(runs, size, args.out_dir):

@@ -261,8 +261,9 @@ def copy_files(source: str, target: str):
     os.makedirs(target, exist_ok=True)
     for name in KEPT:
         if os.path.isfile(os.path.join(source, name)):
-            with open(os.path.join(source, name), "rb") as f, atomic_write(os.path.join(target, name)) as tmp:
-                open(tmp, "wb").write(f.read())
+            with open(os.path.join(source, name), "rb") as f, atomic_write(os.path.join(target, name)) as tmp, \
+                    open(tmp, "wb") as out:
+                out.write(f.read())
 
 
 def folder_of(run: Run, out_dir: str) -> str:

@@ -14,6 +14,7 @@ import inspect
 
 import torch
 
+from support.runtime import UserError
 from t2r import LinearAttention, normalize
 
 
@@ -46,7 +47,7 @@ def use_fla(model):
     """Every causal LinearAttention of `model` (exactly that class, not a subclass such as a window layer's) runs
     fla's kernel in training. Returns the model; refuses where the kernel cannot run."""
     if not fla_available():
-        raise SystemExit("error: fla's chunk kernel needs a CUDA GPU and `pip install flash-linear-attention`")
+        raise UserError("fla's chunk kernel needs a CUDA GPU and `pip install flash-linear-attention`")
     for module in model.modules():
         if type(module) is LinearAttention:
             module.__class__ = FlaLinearAttention

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from support.runtime import UserError
 from support.fla_kernel import FlaLinearAttention, fla_available, fla_chunked_sums, use_fla
 from t2r import Config, LinearAttention, TransformerLM, linear_attention_chunked_sums, normalize
 
@@ -60,5 +61,5 @@ def test_the_fla_layer_runs_the_pytorch_form_off_cuda():
 @pytest.mark.skipif(fla_available(), reason="checks the refusal where the kernel cannot run")
 def test_use_fla_refuses_where_the_kernel_cannot_run():
     model = TransformerLM(Config(vocab_size=50, n_layer=1, n_head=2, d_model=32, d_ff=64, attn="t2r", feature_size=8))
-    with pytest.raises(SystemExit, match="^error: .*pip install flash-linear-attention"):
+    with pytest.raises(UserError, match="^fla's chunk kernel needs a CUDA GPU and `pip install flash-linear-attention`"):
         use_fla(model)

@@ -3,26 +3,12 @@ checkpoint equals a `transformers` evaluation of the same model on the tokenizer
 the protocol the teacher line states (a BPE Llama; a word-level GPT-2)."""
 
 import json
-import math
 
 import pytest
-import torch
 
 from conftest import run_in_process, save_randomised, write_corpus
-from support import data
+from experiments.hf_recipe import owner_perplexity
 from test_hf import FINETUNE
-
-
-def owner_perplexity(model, ids: list, context: int, score: int, first_after: int) -> float:
-    """The transformers model on the windows the teacher line describes: every token once, up to `context` tokens
-    of context, the first after `first_after`."""
-    nll = count = 0.0
-    with torch.no_grad():
-        for x, y, mask in data.eval_windows(ids, context, score, bos=first_after):
-            logits = model(x[None]).logits[0].double()
-            nll += torch.nn.functional.cross_entropy(logits, y, reduction="none")[mask].sum().item()
-            count += mask.sum().item()
-    return math.exp(nll / count)
 
 
 def teacher_row(folder, corpus, tmp_path):
