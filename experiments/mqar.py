@@ -4,10 +4,12 @@ What a fixed-size state forgets, where it can be seen: multi-query associative r
 must answer each with its value. Softmax attention looks the key up in its KV cache; a T2R state (S, z) of k x d
 numbers a head must hold all N pairs at once.
 
-    python -m experiments.mqar               # the experiment: about an hour on 2 CPU cores (measured 2026-11-25:
-                                             # 72 minutes of training, some 12 of them shared with other work); resumable
+    python -m experiments.mqar               # the experiment, resumable: 35 runs, 15 of them for the teacher's
+                                             # 10,000 steps (the teacher: 61 minutes at one thread, 2-core EPYC,
+                                             # 2026-11-25), 20 conversions of 4-9 minutes: about 17 CPU-hours
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
     python -m experiments.mqar --dry_run     # the runs, and what each trains
+    python -m experiments.mqar --only conv & python -m experiments.mqar --only '^(?!.*conv)'   # two at once
 
 The runs, each a run folder in --out_dir trained by support/training.py's loop (exact resume, one run per folder):
 the softmax teacher; its conversions to T2R at k = 8, 16, 32, 64 (section 2.2), also after attention transfer (output
@@ -31,6 +33,7 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
 import argparse
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -256,6 +259,11 @@ def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
         return json.load(f)
 
 
+def finished(run: Run, out_dir: str, records: str | None) -> bool:
+    return any(os.path.isfile(os.path.join(folder_of(run, where), "results.json")) for where in (out_dir, records)
+               if where)
+
+
 def copy_files(source: str, target: str):
     """The KEPT files of a run's folder, each written atomically."""
     os.makedirs(target, exist_ok=True)
@@ -325,7 +333,13 @@ def get_args(argv=None):
                    f"{RECORDS}; --quick: records/ in --out_dir)")
     p.add_argument("--quick", action="store_true", help="tiny models and a few steps: a smoke run of every model")
     p.add_argument("--dry_run", action="store_true", help="print the runs and their budgets, train nothing")
+    p.add_argument("--only", default="", help="train only the runs whose name matches this regular expression, so "
+                   "that two processes can share the plan (the table is written once every run has finished)")
     args = p.parse_args(argv)
+    try:
+        re.compile(args.only)
+    except re.error as e:
+        p.error(f"--only {args.only!r} is not a regular expression ({e}): e.g. --only 'from scratch'")
     args.out_dir = args.out_dir or ("out/mqar-quick" if args.quick else "out/mqar")
     args.csv = args.csv or (os.path.join(args.out_dir, "mqar.csv") if args.quick else "results/mqar.csv")
     args.records = args.records or (os.path.join(args.out_dir, "records") if args.quick else RECORDS)
@@ -338,8 +352,12 @@ def main(argv=None):
     args = get_args(argv)
     size = MQAR_SIZES["quick" if args.quick else "full"]
     runs = plan(size)
+    chosen = [run for run in runs if re.search(args.only, run.name)]
+    if not chosen:
+        raise UserError(f"--only {args.only!r} matches none of the runs: python -m experiments.mqar --dry_run "
+                        "lists them")
     if args.dry_run:
-        for run in runs:
+        for run in chosen:
             steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
             print(f"{run.name}: {steps} steps at lr {run.lr or size['lr']:g}" +
                   (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
@@ -348,8 +366,14 @@ def main(argv=None):
         check_planned(run, size, folder_of(run, args.out_dir))
         check_planned(run, size, folder_of(run, args.records))
     rows, t0 = [], time.time()
-    for run in runs:
+    for run in chosen:  # trained, or read; then the others, if every one has finished
         print(f"--- {run.name}", flush=True)
+        train_run(run, size, args.out_dir, args.records)
+    waiting = [run.name for run in runs if not finished(run, args.out_dir, args.records)]
+    if waiting:
+        print(f"{len(runs) - len(waiting)} of {len(runs)} runs finished; the table waits for: {', '.join(waiting)}")
+        return
+    for run in runs:
         steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
                                                                   else size["teacher_steps"])
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,

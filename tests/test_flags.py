@@ -15,6 +15,7 @@ import generate
 import train_lm
 import train_mt
 from conftest import ROOT, assert_flags_refused
+from support.runtime import run_main
 
 GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, "generate.py": generate.get_args}
 
@@ -108,3 +109,13 @@ def test_a_module_commands_error_names_it_once(capsys):
     with pytest.raises(SystemExit):
         mqar.get_args(["--no_such_flag"])
     assert "(see python -m experiments.mqar --help)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [(["--only", "("], "is not a regular expression"),
+                                           (["--only", "no such run", "--dry_run"], "matches none of the runs")])
+def test_mqar_refuses_an_only_that_cannot_choose_runs(capsys, argv, message):
+    from experiments import mqar
+    with pytest.raises(SystemExit):
+        run_main(lambda: mqar.main(argv))
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err

@@ -86,6 +86,15 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     assert (tmp_path / "fresh/mqar.csv").read_text() == (tmp_path / "out/mqar-quick/mqar.csv").read_text()
 
 
+def test_only_trains_the_matching_runs_and_writes_the_table_once_all_have_finished(tmp_path):
+    part = run_in_process("experiments.mqar", "--quick", "--only", "^softmax$", cwd=tmp_path)
+    assert part.returncode == 0, part.stderr[-2000:]
+    plan = mqar.plan(mqar.MQAR_SIZES["quick"])
+    trained = {run.name for run in plan if (tmp_path / mqar.folder_of(run, "out/mqar-quick") / "results.json").is_file()}
+    assert trained == {"softmax"}
+    assert not (tmp_path / "out/mqar-quick/mqar.csv").exists() and "the table waits for: t2r8," in part.stdout
+
+
 def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     """report.py's MQAR section from a made-up mqar.csv: each model's row, and three lines of what conversion keeps
     and loses, computed from the numbers."""
