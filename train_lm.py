@@ -11,6 +11,7 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
     python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (support/hf.py):
                                                     # evaluated as it is, converted, finetuned with its tokenizer
+                                                    # (HF_RECIPE: transfer first, then 600 steps at lr 1e-3)
     python train_lm.py --init pretrained --pretrained hf:HuggingFaceTB/SmolLM2-135M   # a Llama (or Qwen2, Mistral)
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
@@ -28,10 +29,11 @@ from after_t2r import window_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.configs import build_model, config_of, feature_sizes
-from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_saved_run,
-                         announce_conversion, apply_preset, check_teacher, check_training_fits, conversion_errors,
-                         finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name, needs_teacher, new_model,
-                         print_conversion_table, processes, resolve_run_flags, teacher_run_args, trained_on)
+from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
+                         adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
+                         conversion_errors, finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name,
+                         needs_teacher, new_model, print_conversion_table, processes, resolve_run_flags,
+                         teacher_run_args, trained_on)
 from support.run_files import data_identity, evaluate_finished, open_finished, open_run
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction,
                              increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
@@ -61,6 +63,10 @@ SCHEDULES = {
     "random": dict(max_steps=1200, lr=1e-3),
     "pretrained": dict(max_steps=600, lr=5e-4),
 }
+# A model trained elsewhere (--pretrained hf:...) converts with the recipe experiments/hf_recipe.py measured on a
+# Llama trained with transformers (README, "Converting a Hugging Face model"): every layer linear, attention transfer
+# first (for T2R's feature map; other kinds start without), then twice the steps of the base it was swept around.
+HF_RECIPE = dict(max_steps=600, lr=1e-3, transfer_steps=100)
 
 
 def get_args(argv=None):
@@ -94,6 +100,7 @@ def get_args(argv=None):
     check_arch_flags(args, p)
     if hf.is_hf(args.pretrained):
         check_gpt2_flags(args, p)
+        adopt_defaults(args, HF_RECIPE if args.attn in (None, "t2r") else {**HF_RECIPE, "transfer_steps": 0})
     if args.arch == "sru++":
         args.attn = sru_name(args)  # names the run and its row in the tables
         args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it

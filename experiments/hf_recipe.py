@@ -3,9 +3,12 @@ The conversion recipe for a model trained with `transformers`, measured as its o
 Qwen2- and GPT-2-shaped models are trained on PTB's text with their own `transformers` classes (AdamW, a 2,000-token
 byte-level BPE without a prefix space, as a user would), saved with save_pretrained beside their tokenizer.json, then
 converted with `train_lm.py --init pretrained --pretrained hf:FOLDER`. The Llama's conversion is swept one choice at a
-time around a base (learning rate, steps, attention transfer first, every second layer kept softmax); the others are
-converted with the base and with the sweep's best. Each teacher is also scored by `transformers` itself, on the
-tokenizer's encoding of the file, with the protocol train_lm.py states.
+time around a base (learning rate, steps, attention transfer first, every second layer kept softmax; and two pairs of
+them); the recipe is the sweep's best conversion that leaves no softmax layer, and train_lm.py's defaults for an hf:
+model are it (HF_RECIPE). Every family is converted with the base and with the recipe, and its teacher is trained on, softmax
+unchanged, for the recipe's steps: a control, since a teacher trained a few CPU-minutes still improves with more
+steps. Each teacher is also scored by `transformers` itself, on the tokenizer's encoding of the file, with the
+protocol train_lm.py states.
 
     python -m experiments.hf_recipe             # the full sweep (CPU-hours; resumable: finished runs are read)
     python -m experiments.hf_recipe --quick     # tiny and short: the pipeline, in about a minute
@@ -34,12 +37,13 @@ SIZES = {"full": dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, positi
                       batch=16, block=128, lr=2e-3, context=256, score=128, convert_batch=8, lines=None),
          "quick": dict(layers=2, hidden=32, heads=4, kv_heads=2, ffn=48, positions=64, vocab=300, steps=6, batch=2,
                        block=32, lr=2e-3, context=32, score=16, convert_batch=2, lines=(400, 30, 30))}
-BASE = dict(lr=1e-3, steps=300, transfer=0, keep=0)  # the conversion's defaults before the sweep (--quick: 2 steps)
+BASE = dict(lr=1e-3, steps=300, transfer=0, keep=0, attn="t2r")  # where the sweep starts (--quick: 2 steps)
 SWEEP = [("base", {}), ("lr 5e-4", dict(lr=5e-4)), ("lr 2e-3", dict(lr=2e-3)), ("steps x2", dict(steps=600)),
-         ("transfer 100", dict(transfer=100)), ("keep every 2nd softmax", dict(keep=2))]
+         ("lr 2e-3, steps x2", dict(lr=2e-3, steps=600)), ("transfer 100", dict(transfer=100)),
+         ("transfer 100, steps x2", dict(transfer=100, steps=600)), ("keep every 2nd softmax", dict(keep=2))]
 FAMILIES = ("llama", "qwen2", "gpt2")
-COLUMNS = ["family", "variant", "lr", "steps", "transfer", "keep_softmax_every", "owner_valid_ppl", "teacher_valid_ppl",
-           "valid_ppl", "test_ppl", "gap_pct", "train_minutes"]
+COLUMNS = ["family", "variant", "attn", "lr", "steps", "transfer", "keep_softmax_every", "owner_valid_ppl",
+           "teacher_valid_ppl", "valid_ppl", "test_ppl", "gap_pct", "train_minutes"]
 
 
 def tokenizer_of(train_text: str, vocab: int):
@@ -110,22 +114,31 @@ def owner_perplexity(model, ids: list, context: int, score: int, first_after: in
 
 
 def plan(quick: bool) -> list:
-    """(family, variant name, settings): the Llama's sweep, then the others at the base (best_of adds the sweep's
-    best once the sweep is done)."""
-    base = {**BASE, "steps": 2, "transfer": 0} if quick else BASE
+    """(family, variant name, settings): the Llama's sweep, then the others at the base (with_recipe adds the recipe
+    and the controls once the sweep is done)."""
+    base = {**BASE, "steps": 2} if quick else BASE
     sweep = [("llama", name, {**base, **change}) for name, change in SWEEP]
     if quick:
-        sweep = [(f, n, {**s, "steps": 2, "transfer": min(s["transfer"], 1)}) for f, n, s in sweep[:1] + sweep[4:]]
+        sweep = [(f, n, {**s, "steps": 2, "transfer": min(s["transfer"], 1)}) for f, n, s in sweep
+                 if n in ("base", "transfer 100", "keep every 2nd softmax")]
     return sweep + [(family, "base", base) for family in FAMILIES[1:]]
 
 
-def best_of(runs: list, size: dict, out_dir: str) -> list:
-    """The other families at the Llama sweep's best settings (the lowest validation perplexity), where not the base."""
-    sweep = [(name, settings) for family, name, settings in runs if family == "llama"]
-    valid = {name: converted("llama", settings, size, out_dir)[1]["valid"]["ppl"] for name, settings in sweep}
+def recipe_of(runs: list, size: dict, out_dir: str) -> tuple:
+    """(name, settings) of the Llama sweep's best conversion (the lowest validation perplexity) that leaves every
+    layer linear: keeping softmax layers buys perplexity with a KV cache, which is what a conversion removes."""
+    sweep = [(name, s) for family, name, s in runs if family == "llama" and not s["keep"]]
+    valid = {name: converted("llama", s, size, out_dir)[1]["valid"]["ppl"] for name, s in sweep}
     name = min(valid, key=valid.get)
-    settings = dict(sweep)[name]
-    return [] if name == "base" else [(family, f"best ({name})", settings) for family in FAMILIES[1:]]
+    return name, dict(sweep)[name]
+
+
+def with_recipe(runs: list, size: dict, out_dir: str) -> list:
+    """The sweep, then every family at the recipe (where it is not the base) and its softmax control."""
+    name, settings = recipe_of(runs, size, out_dir)
+    recipe = [] if name == "base" else [(f, f"recipe ({name})", settings) for f in FAMILIES[1:]]
+    control = {**settings, "transfer": 0, "keep": 0, "attn": "softmax"}
+    return runs + recipe + [(f, "control: teacher trained on, softmax", control) for f in FAMILIES]
 
 
 def convert_flags(family: str, settings: dict, size: dict, out_dir: str) -> list:
@@ -135,16 +148,17 @@ def convert_flags(family: str, settings: dict, size: dict, out_dir: str) -> list
              "--lr", str(settings["lr"]), "--batch_size", str(size["convert_batch"]), "--block_size",
              str(size["positions"]), "--eval_context", str(size["context"]), "--eval_score", str(size["score"]),
              "--eval_interval", str(max(1, settings["steps"] // 2)), "--cache_dir", os.path.join(out_dir, "cache")]
-    if settings["transfer"]:
-        flags += ["--transfer_steps", str(settings["transfer"])]
+    if settings["attn"] != "t2r":
+        flags += ["--attn", settings["attn"]]
+    flags += ["--transfer_steps", str(settings["transfer"])]  # always: train_lm.py's default for hf: is the recipe's
     if settings["keep"]:
         flags += ["--keep_softmax_every", str(settings["keep"])]
     return flags
 
 
 def run_folder(out_dir: str, family: str, settings: dict) -> str:
-    return os.path.join(out_dir, "runs", f"{family}-lr{settings['lr']:g}-s{settings['steps']}-t{settings['transfer']}"
-                                         f"-k{settings['keep']}")
+    name = f"{family}-lr{settings['lr']:g}-s{settings['steps']}-t{settings['transfer']}-k{settings['keep']}"
+    return os.path.join(out_dir, "runs", name + ("" if settings["attn"] == "t2r" else f"-{settings['attn']}"))
 
 
 def converted(family: str, settings: dict, size: dict, out_dir: str) -> tuple:
@@ -197,6 +211,7 @@ def main(argv=None):
     if args.dry_run:
         for family, name, settings in runs:
             print(f"{family} {name}: train_lm.py {' '.join(convert_flags(family, settings, size, args.out_dir))}")
+        print("then: every family at the recipe (the sweep's best all-linear run), and trained on, softmax, as long")
         return
     texts = write_corpus(size, args.out_dir)  # what the owner trained on, and what the conversions read
     tokenizer = tokenizer_of(texts["train"], size["vocab"])
@@ -213,16 +228,16 @@ def main(argv=None):
         owner[family] = owner_perplexity(model, ids, size["context"], size["score"], newline)
         print(f"{family} teacher, by transformers: valid ppl {owner[family]:.2f}", flush=True)
     rows = []
-    for family, name, settings in runs + best_of(runs, size, args.out_dir):
+    for family, name, settings in with_recipe(runs, size, args.out_dir):
         teacher, student = converted(family, settings, size, args.out_dir)
         ours, valid = teacher["valid"]["ppl"], student["valid"]["ppl"]
-        rows.append(dict(family=family, variant=name, lr=settings["lr"], steps=settings["steps"],
+        rows.append(dict(family=family, variant=name, attn=settings["attn"], lr=settings["lr"], steps=settings["steps"],
                          transfer=settings["transfer"], keep_softmax_every=settings["keep"],
                          owner_valid_ppl=round(owner[family], 4), teacher_valid_ppl=round(ours, 4),
                          valid_ppl=round(valid, 4), test_ppl=round(student["test"]["ppl"], 4),
                          gap_pct=round(100 * (valid / ours - 1), 2), train_minutes=round(student["train_minutes"], 2)))
     write_csv(args.csv, rows, COLUMNS)
-    print("\n| family | variant | teacher valid ppl (transformers / ours) | converted valid ppl | gap |")
+    print("\n| family | variant | teacher valid ppl (transformers / ours) | after finetuning | change |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['family']} | {r['variant']} | {r['owner_valid_ppl']:.2f} / {r['teacher_valid_ppl']:.2f} | "

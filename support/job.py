@@ -116,8 +116,14 @@ def apply_preset(args, presets: dict, finetune: dict):
     """--preset: its values for every flag not given on the command line; with --init pretrained, the finetuning
     values on top (the paper's finetuning tables change only some of them). A resumed or evaluated run already
     holds its preset's values, and the ones it changed: they stay."""
-    if args.preset and not (args.resume or args.eval_only):
-        for key, value in {**presets[args.preset], **(finetune if args.init == "pretrained" else {})}.items():
+    if args.preset:
+        adopt_defaults(args, {**presets[args.preset], **(finetune if args.init == "pretrained" else {})})
+
+
+def adopt_defaults(args, values: dict):
+    """values for every flag not given on the command line; a resumed or evaluated run keeps its own."""
+    if not (args.resume or args.eval_only):
+        for key, value in values.items():
             if key not in args.explicit:
                 setattr(args, key, value)
 

@@ -33,7 +33,7 @@ from experiments import gpt2_cost
 # train_lm.py flags for the tiny GPT-2: its sizes come from its config.json
 FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
             "--eval_interval", "4", "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8",
-            "--chunk_size", "8"]
+            "--chunk_size", "8", "--transfer_steps", "0"]  # the recipe's transfer stage is tested once, on its own
 
 
 def tokens(vocab_size, shape=(2, 23), seed=0):
@@ -151,8 +151,8 @@ def finetuned(tiny_gpt2, tmp_path_factory):
     attention-transfer stage. Returns (its folder, its stdout)."""
     folder, corpus, _ = tiny_gpt2
     out = tmp_path_factory.mktemp("finetuned")
-    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--transfer_steps", "2",
-            "--out_dir", str(out / "run"), "--cache_dir", str(out / "cache"), *FINETUNE]
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--out_dir", str(out / "run"),
+            "--cache_dir", str(out / "cache"), *FINETUNE, "--transfer_steps", "2"]
     result = run_in_process("train_lm.py", *argv, cwd=out)
     print(result.stdout[-1500:])
     assert result.returncode == 0, result.stderr

@@ -2,10 +2,12 @@
 perplexity by transformers equal to ours, and a second run reads what the first trained."""
 
 import csv
+import os
 
 import pytest
 
-from conftest import run_in_process
+import train_lm
+from conftest import ROOT, run_in_process
 from experiments import hf_recipe
 
 
@@ -21,3 +23,32 @@ def test_the_recipe_sweep_runs_and_its_teachers_are_measured_as_their_owners_wou
         assert float(r["teacher_valid_ppl"]) == pytest.approx(float(r["owner_valid_ppl"]), rel=1e-4), r
     again = run_in_process("experiments.hf_recipe", "--quick", cwd=tmp_path)
     assert again.returncode == 0 and "--- " not in again.stdout and "teacher step" not in again.stdout
+
+
+def test_an_hf_conversion_defaults_to_the_recipe_the_sweep_measured():
+    with open(os.path.join(ROOT, "results", "hf_recipe.csv"), newline="") as f:
+        llama = [r for r in csv.DictReader(f) if r["family"] == "llama" and not r["variant"].startswith(("recipe",
+                                                                                                         "control"))]
+    linear = [r for r in llama if r["attn"] == "t2r" and r["keep_softmax_every"] == "0"]  # no KV cache left
+    best = min(linear, key=lambda r: float(r["valid_ppl"]))
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder"])
+    assert (args.max_steps, args.lr, args.transfer_steps) == (int(best["steps"]), float(best["lr"]),
+                                                              int(best["transfer"])), best
+
+
+def test_given_steps_and_rate_win_over_the_recipe():
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder", "--max_steps", "50", "--lr",
+                              "3e-4", "--transfer_steps", "7"])
+    assert (args.max_steps, args.lr, args.transfer_steps) == (50, 3e-4, 7)
+
+
+@pytest.mark.parametrize("attn", ["softmax", "elu"])
+def test_the_recipes_transfer_is_for_t2r_alone(attn):  # softmax has no feature map; elu's has no weights
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder", "--attn", attn])
+    assert (args.max_steps, args.transfer_steps) == (train_lm.HF_RECIPE["max_steps"], 0)
+
+
+def test_a_project_teacher_keeps_the_papers_finetuning_schedule():
+    args = train_lm.get_args(["--init", "pretrained"])
+    assert (args.max_steps, args.lr) == (train_lm.SCHEDULES["pretrained"]["max_steps"],
+                                         train_lm.SCHEDULES["pretrained"]["lr"])
