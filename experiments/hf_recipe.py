@@ -214,14 +214,16 @@ def main(argv=None):
         print("then: every family at the recipe (the sweep's best all-linear run), and trained on, softmax, as long")
         return
     texts = write_corpus(size, args.out_dir)  # what the owner trained on, and what the conversions read
-    tokenizer = tokenizer_of(texts["train"], size["vocab"])
-    owner = {}
+    owner, trained = {}, None  # trained: the BPE, trained once if a teacher is missing
     for family in FAMILIES:
         folder = os.path.join(args.out_dir, family)
-        if os.path.isfile(os.path.join(folder, "config.json")):
+        if os.path.isfile(os.path.join(folder, "config.json")):  # a teacher trained before, with its own tokenizer
+            import tokenizers
             import transformers
             model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+            tokenizer = tokenizers.Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
         else:
+            tokenizer = trained = trained or tokenizer_of(texts["train"], size["vocab"])
             model = train_teacher(family, size, tokenizer, texts, folder)
         ids = tokenizer.encode(texts["valid"], add_special_tokens=False).ids  # the file, as the tokenizer reads it
         newline = tokenizer.encode("\n", add_special_tokens=False).ids[0]
