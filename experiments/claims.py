@@ -41,6 +41,7 @@ NAMES = {"softmax": "Transformer (softmax, the teacher)", "elu": "ELU", "rfa": "
 HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "t2r75top": "the top layer kept"}
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
 DOUBLED = "2x"  # the suffix of a model trained at twice every budget (teacher, finetuning, T2R from scratch)
+LONGER_SEEDS = (0, 1, 2)  # the equal-budget control's seeds (at twice the budget: seed 0)
 RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 COMPARABLE_BLEU = 1.0  # "similar BLEU": within this many points
 
@@ -196,9 +197,10 @@ def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
              "scratch for the teacher's and the finetuning's steps together (test ppl)")
     if None in (converted, longer):
         return claim, "not compared at equal budgets", "running: its runs are not all finished", NOT_MEASURED
-    noise = spread(a) + spread(b, "random")
+    noise, missing = spread(a) + spread(b, "random"), (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
+    running = f"; {missing} more seed{'s' * (missing > 1)} of it running" if missing > 0 else ""
     return (claim, "not compared at equal budgets", f"{converted:.2f} ({seeds(a, 'pretrained')} seeds) vs "
-            f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f})", ordering(converted, longer, noise))
+            f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}){running}", ordering(converted, longer, noise))
 
 
 # -----------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from experiments.claims import DOUBLED, LONGER  # rows: T2R from scratch for the conversion's steps; twice the budget
+from experiments.claims import DOUBLED, LONGER, LONGER_SEEDS  # the from-scratch control: its name, 2x, its seeds
 from experiments.gather import gather
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import UNCHECKED, Records, machine, same_value, weights_of
@@ -52,7 +52,6 @@ from t2r import Config
 
 RFA_K = 2 * MAIN_K  # RFA's k = 32 random projections, each giving a sin and a cos feature, as in the authors' code
 SEEDS = (0, 1)  # the + pretrain rows run with each; the others with the first
-LONGER_SEEDS = (0, 1, 2)  # the equal-budget control's seeds
 # The + pretrain rows beyond T2R, ELU and RFA: model name -> the flags that make it (the sizes from LM_SIZES)
 CONVERSIONS = {
     "t2r75": lambda size: {"keep_softmax_every": 4},  # the 4th, 8th, ... layer from the top kept softmax

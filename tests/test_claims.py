@@ -261,6 +261,7 @@ def test_pretraining_at_equal_total_steps_is_judged_against_the_seeds_of_both(lo
     print(ours)
     mean, spread = sum(longer) / len(longer), 1 + (max(longer) - min(longer)) / 2
     assert held == expected and f"130.00 (2 seeds) vs {mean:.2f} ({len(longer)}) (spread {spread:.2f})" in ours
+    assert ("of it running" in ours) == (len(longer) < len(claims.LONGER_SEEDS))  # the seeds still training
 
 
 @pytest.mark.parametrize("converted, scratch, expected", [(None, None, None), (104.0, 110.0, "yes"),
