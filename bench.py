@@ -35,9 +35,10 @@ from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_res
                                     measure_step, memory_readings, ratio_rows, row, sru_theory_ratio, step_runner,
                                     steps_per_s, theory_ratio, time_shares)
 from layers.states import state_bytes
+from support.checkpoints import load_checkpoint
 from support.configs import config_of, is_sru
 from support.fla_kernel import fla_available
-from support.runtime import UserError, decoding_kernels, load_checkpoint, run_main
+from support.runtime import UserError, decoding_kernels, run_main
 from t2r import Config
 from translate import decode_speed, load_run
 

@@ -25,10 +25,11 @@ from torch.utils._pytree import tree_flatten
 
 from sru import SRUppLM
 from support import data
+from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.inference import compile_step, inference_model
 from support.run_files import check_identity, data_identity
-from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device, load_checkpoint,
-                             model_from_checkpoint, non_negative_float, non_negative_int, positive_int, run_main, seed)
+from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
+                             non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
 from t2r import is_folded
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from after_t2r import window_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
+from support.checkpoints import model_from_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
                          adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
@@ -35,9 +36,8 @@ from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_r
                          needs_teacher, new_model, print_conversion_table, processes, resolve_run_flags,
                          teacher_run_args, trained_on)
 from support.run_files import data_identity, evaluate_finished, open_finished, open_run
-from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction,
-                             increasing_ints, model_from_checkpoint, non_negative_int, positive_int, run_main,
-                             unit_interval, write_json)
+from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, increasing_ints,
+                             non_negative_int, positive_int, run_main, unit_interval, write_json)
 from support.training import Task, get_lr, train
 from support.transfer import TransferFirst
 from t2r import KEEP_SOFTMAX_FROM, Config, convert

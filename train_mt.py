@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from after_t2r import window_student
 from support import mt_data
+from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
@@ -31,8 +32,7 @@ from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_s
                          teacher_run_args, trained_on)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
-                             model_from_checkpoint, non_negative_int, positive_int, read_checked, run_main,
-                             save_checkpoint)
+                             non_negative_int, positive_int, run_main)
 from support.run_files import evaluate_finished, open_finished, open_run
 from support.training import Task, get_lr_inverse_sqrt, train
 from support.transfer import TransferFirst

@@ -9,11 +9,11 @@ import torch.nn as nn
 from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from generate import CapturedStep
+from support.checkpoints import load_checkpoint
 from support.inference import compile_step
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
 from support.fla_kernel import FlaLinearAttention, fla_available
-from support.runtime import load_checkpoint
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, fold
 
 

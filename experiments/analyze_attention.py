@@ -32,10 +32,10 @@ import torch
 
 from after_t2r import WindowAttention, window_weights
 from support import data
+from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.configs import feature_sizes
 from support.configs import is_sru
-from support.runtime import (Parser, UserError, get_device, load_checkpoint, model_from_checkpoint,
-                             print_config, run_main, seed, write_csv)
+from support.runtime import Parser, UserError, get_device, print_config, run_main, seed, write_csv
 from layers.states import full_precision, state_dtype
 from t2r import SoftmaxAttention, convert, linear_attention_quadratic, normalize
 

@@ -88,7 +88,7 @@ def bench_values(path: str) -> dict:
 
 def parameters(out_dir: str) -> int:
     """The finished model's parameter count (tied embeddings counted once)."""
-    from support.runtime import load_checkpoint, model_from_checkpoint
+    from support.checkpoints import load_checkpoint, model_from_checkpoint
     path = os.path.join(out_dir, "model.pt")
     return sum(p.numel() for p in model_from_checkpoint(load_checkpoint(path), path).parameters())
 

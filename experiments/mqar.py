@@ -40,13 +40,13 @@ from dataclasses import dataclass
 import torch
 
 import train_lm
+from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.run_files import open_run
 from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
 from experiments.records import machine
 from experiments.sizes import MQAR_SIZES
-from support.runtime import (Distributed, Parser, UserError, atomic_write, fingerprint, load_checkpoint,
-                             model_from_checkpoint, run_main, write_csv, write_json)
+from support.runtime import Distributed, Parser, UserError, atomic_write, fingerprint, run_main, write_csv, write_json
 from support.training import Task, train
 from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM

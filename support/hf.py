@@ -22,8 +22,9 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models
 
+from support.checkpoints import non_finite_weights
 from support.data import EOS
-from support.runtime import UserError, non_finite_weights
+from support.runtime import UserError
 from families import FamilyConfig, FamilyLM, is_number
 
 PREFIX = "hf:"  # --pretrained hf:NAME (downloaded) or hf:FOLDER

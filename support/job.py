@@ -13,11 +13,12 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from support.checkpoints import load_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.hf import is_hf
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
-                             load_checkpoint, non_negative_float, non_negative_int, positive_float, positive_int,
-                             print_config, seed, serializable, setup_distributed, take_saved_flags)
+                             non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
+                             serializable, setup_distributed)
 from t2r import ATTENTION_KINDS, new_tensors
 
 
@@ -81,6 +82,44 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     s.add_argument("--log_interval", type=positive_int, default=log_interval, help="steps between log lines")
     s.add_argument("--eval_interval", type=positive_int, default=eval_interval, help="steps between evaluations and checkpoints")
     return g
+
+
+def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), script: str = "this script",
+                     lowerable: tuple = ()):
+    """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
+    now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
+    (where to run it, when to stop) belong to this invocation alone; a flag in `growable` may be raised (a longer
+    run whose schedule does not depend on its length is the same run, continued), one in `lowerable` lowered (the
+    learning rate of a run whose loss turned NaN: the recovery the error suggests)."""
+    saved_path = os.path.join(out_dir, "args.json")
+    if os.path.isfile(saved_path):
+        try:
+            with open(saved_path) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as error:
+            raise UserError(f"{saved_path} is unreadable ({type(error).__name__}): restore it, or delete it to "
+                            f"take the flags from {out_dir}/ckpt.pt") from None
+    else:
+        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
+    foreign = [name for name in saved if not hasattr(args, name)]
+    if len(foreign) > 3:  # more than a few flags retired since: another trainer's run
+        raise UserError(f"{out_dir} is not a {script} run (it has --{foreign[0]}, which {script} does not): "
+                        f"continue it with the script that trained it")
+    for name, value in saved.items():
+        if name in invocation or not hasattr(args, name):
+            continue
+        if name not in args.explicit:
+            setattr(args, name, value)
+        elif name in growable and getattr(args, name) > value:
+            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on with its "
+                  f"other flags (--warmup_steps {saved.get('warmup_steps')})")
+        elif name in lowerable and getattr(args, name) < value:
+            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on at the lower "
+                  f"value from its last checkpoint")
+        elif value != getattr(args, name):
+            raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
+                            f"drop the flag to continue or evaluate that run, or pick another --out_dir")
+    args.out_dir = out_dir
 
 
 def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):

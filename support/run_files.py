@@ -18,7 +18,8 @@ try:
 except ImportError:
     fcntl = None
 
-from support.runtime import PARTIAL, UserError, fingerprint, load_checkpoint, write_json
+from support.checkpoints import load_checkpoint
+from support.runtime import PARTIAL, UserError, fingerprint, write_json
 
 
 def lock_out_dir(task):

@@ -1,6 +1,6 @@
 """
 What every script needs around the model: one-line errors, the command line, the device and precision,
-data-parallel processes, and checkpoints (written atomically, loaded with weights_only=True).
+data-parallel processes, files written atomically, memory checks. Checkpoints: support/checkpoints.py.
 """
 
 import argparse
@@ -12,7 +12,6 @@ import json
 import math
 import os
 import sys
-import zlib
 from contextlib import nullcontext
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
@@ -20,9 +19,7 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.utils._pytree import tree_flatten
 
-from support.configs import build_model
 from t2r import Config
 
 
@@ -143,44 +140,6 @@ def explicit_flags(parser, argv) -> set:
 
 def serializable(values: dict) -> dict:
     return {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool, type(None)))}
-
-
-def take_saved_flags(args, out_dir: str, invocation: set, growable: tuple = (), script: str = "this script",
-                     lowerable: tuple = ()):
-    """--resume and --eval_only continue the run in out_dir, which must stay the same run: every flag not given
-    now is the run's own, and a given flag that contradicts the run is refused. Only the flags in `invocation`
-    (where to run it, when to stop) belong to this invocation alone; a flag in `growable` may be raised (a longer
-    run whose schedule does not depend on its length is the same run, continued), one in `lowerable` lowered (the
-    learning rate of a run whose loss turned NaN: the recovery the error suggests)."""
-    saved_path = os.path.join(out_dir, "args.json")
-    if os.path.isfile(saved_path):
-        try:
-            with open(saved_path) as f:
-                saved = json.load(f)
-        except (OSError, ValueError) as error:
-            raise UserError(f"{saved_path} is unreadable ({type(error).__name__}): restore it, or delete it to "
-                            f"take the flags from {out_dir}/ckpt.pt") from None
-    else:
-        saved = load_checkpoint(os.path.join(out_dir, "ckpt.pt")).get("args", {})
-    foreign = [name for name in saved if not hasattr(args, name)]
-    if len(foreign) > 3:  # more than a few flags retired since: another trainer's run
-        raise UserError(f"{out_dir} is not a {script} run (it has --{foreign[0]}, which {script} does not): "
-                        f"continue it with the script that trained it")
-    for name, value in saved.items():
-        if name in invocation or not hasattr(args, name):
-            continue
-        if name not in args.explicit:
-            setattr(args, name, value)
-        elif name in growable and getattr(args, name) > value:
-            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on with its "
-                  f"other flags (--warmup_steps {saved.get('warmup_steps')})")
-        elif name in lowerable and getattr(args, name) < value:
-            print(f"--{name} {getattr(args, name)}: {out_dir}, trained with --{name} {value}, goes on at the lower "
-                  f"value from its last checkpoint")
-        elif value != getattr(args, name):
-            raise UserError(f"{out_dir} was trained with --{name} {value}, the flags say {getattr(args, name)}: "
-                            f"drop the flag to continue or evaluate that run, or pick another --out_dir")
-    args.out_dir = out_dir
 
 
 def fingerprint(text: str) -> str:
@@ -332,63 +291,6 @@ def atomic_write(path: str | Path) -> Iterator[str]:
             os.remove(tmp)
 
 
-CHECKSUMS = ("checksum", "checksum_all")  # what save_checkpoint adds: of the tensors (as before), of everything
-
-
-def tensor_checksum(checkpoint: dict) -> int:
-    """CRC-32 of every tensor's bytes in a checkpoint, in order (the checksums aside): torch.load does not check the
-    zip's own CRCs, so a flipped byte in the weights would load silently. What checkpoints before checksum_all hold."""
-    crc = 0
-    for leaf in tree_flatten({k: v for k, v in checkpoint.items() if k not in CHECKSUMS})[0]:
-        if torch.is_tensor(leaf):
-            crc = zlib.crc32(tensor_bytes(leaf), crc)
-    return crc
-
-
-def tensor_bytes(tensor):
-    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-
-
-def checksum_all(value, crc: int = 0) -> int:
-    """CRC-32 of everything a checkpoint holds (the checksums aside): every name, every value's repr, every tensor's
-    dtype, shape and bytes; a flipped bit in its config (norm_eps 1e-5 -> 0.655) changes it too."""
-    if torch.is_tensor(value):
-        return zlib.crc32(tensor_bytes(value), zlib.crc32(f"{value.dtype}{tuple(value.shape)}".encode(), crc))
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key not in CHECKSUMS:
-                crc = checksum_all(item, zlib.crc32(repr(key).encode(), crc))
-        return crc
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            crc = checksum_all(item, crc)
-        return zlib.crc32(f"{type(value).__name__}{len(value)}".encode(), crc)
-    return zlib.crc32(repr(value).encode(), crc)
-
-
-def non_finite_weights(weights: dict) -> list:
-    """The names of the floating-point tensors holding a NaN or an inf."""
-    return [name for name, t in weights.items()
-            if torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all()]
-
-
-def save_checkpoint(path: str, checkpoint: dict):
-    """Weights that are not finite are never saved (the last good checkpoint stays the one to resume); the tensors'
-    checksum goes with them. An interrupted or failed save never leaves a half checkpoint (atomic_write)."""
-    broken = non_finite_weights(checkpoint.get("model", {}))
-    if broken:
-        raise UserError(f"not saving {path}: its weights hold NaN or inf ({broken[0]}; the updates diverged): lower "
-                        f"--lr, then --resume from the last checkpoint saved (or start again if none was)")
-    try:
-        with atomic_write(path) as tmp, open(tmp, "wb") as f:  # a file object: a full disk is an OSError with errno
-            torch.save({**checkpoint, "checksum": tensor_checksum(checkpoint),
-                        "checksum_all": checksum_all(checkpoint)}, f)
-    except (OSError, RuntimeError) as error:  # a full disk, a read-only folder
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error).splitlines()[0][:120]
-        raise UserError(f"could not write {path} ({reason}): free some space or make the folder writable, then "
-                        f"--resume; the last complete checkpoint is kept") from None
-
-
 def write_json(path: str, values: dict):
     with writable(path), atomic_write(path) as tmp, open(tmp, "w") as f:
         json.dump(values, f, indent=1)
@@ -409,50 +311,6 @@ def writable(path: str):
         yield
     except OSError as error:
         raise UserError(f"could not write {path} ({error.strerror or error}): pick another path") from None
-
-
-def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
-    if not os.path.isfile(path):
-        raise UserError(f"no {what} at {path}: train one first, or pass the right path")
-    checkpoint = read_checked(path, what)
-    if not isinstance(checkpoint.get("config"), dict) or not isinstance(checkpoint.get("args", {}), dict):
-        raise UserError(f"{path} is not a t2r checkpoint (its config, or its args, is not a dict)")
-    return checkpoint
-
-
-def read_checked(path: str, what: str = "checkpoint", fix: str = "delete it and retrain, or restore a good copy"
-                 ) -> dict:
-    """A saved dict of weights, refused in one line (ending with `fix`) if it is unreadable, if its tensors differ
-    from the checksum save_checkpoint wrote with them (older files have none) or if its weights are not finite."""
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, pickle garbage, a file that is not a checkpoint
-        raise UserError(f"{what} {path} is unreadable ({type(error).__name__}): it is truncated or corrupt; "
-                        f"{fix}") from None
-    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("model"), dict):
-        raise UserError(f"{path} is not a t2r checkpoint (no model weights in it)")
-    if "checksum" in checkpoint and checkpoint["checksum"] != tensor_checksum(checkpoint):
-        raise UserError(f"{what} {path} is corrupt: its tensors do not match the checksum saved with them; {fix}")
-    if "checksum_all" in checkpoint and checkpoint["checksum_all"] != checksum_all(checkpoint):
-        raise UserError(f"{what} {path} is corrupt: what it holds besides its tensors (its config, its flags) does not "
-                        f"match the checksum saved with it; {fix}")
-    broken = non_finite_weights(checkpoint["model"])
-    if broken:
-        raise UserError(f"{what} {path} holds NaN or inf weights ({broken[0]}): it cannot be used; {fix}")
-    return checkpoint
-
-
-def model_from_checkpoint(checkpoint: dict, path: str = "checkpoint"):
-    """The model a checkpoint holds, with its weights: a transformer, a translator or an SRU++ LM."""
-    config = checkpoint["config"]
-    try:
-        model = build_model(config)
-        model.load_state_dict(checkpoint["model"])
-    except (TypeError, ValueError, RuntimeError, AttributeError) as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise UserError(f"{path} holds a model this code cannot build ({first_line}): it is damaged, hand-made, "
-                        f"or from another version") from None
-    return model
 
 
 def free_memory(device: torch.device) -> int | None:

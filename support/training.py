@@ -21,10 +21,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from support.checkpoints import save_checkpoint
 from support.run_files import check_identity, set_aside_shorter_run, write_results
 from support.runtime import (Distributed, Interrupted, UserError, all_reduce_sum, autocast_context, gather_rng,
-                             get_device, make_scaler, print_config, resolve_dtype, rng_state, save_checkpoint,
-                             serializable, set_rng_state, unwrap, write_json)
+                             get_device, make_scaler, print_config, resolve_dtype, rng_state, serializable,
+                             set_rng_state, unwrap, write_json)
 
 
 # -----------------------------------------------------------------------------

@@ -350,7 +350,7 @@ def test_a_checkpoint_bench_does_not_build_is_refused_not_measured_as_another(ru
     """bench.py --ckpt of a converted GPT-2 or Llama exited 0 having measured the paper's model with the parts that
     fit (LayerNorm, a plain MLP, sinusoids): refused, in one line."""
     from support.configs import build_model
-    from support.runtime import save_checkpoint
+    from support.checkpoints import save_checkpoint
     model = build_model(dict(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32, attn="t2r", **switches))
     save_checkpoint(str(tmp_path / "model.pt"), {"model": model.state_dict(), "config": model.config.to_dict()})
     result = run_here("bench.py", "--ckpt", "model.pt", "--out_dir", "b", cwd=tmp_path)

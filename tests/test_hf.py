@@ -26,7 +26,7 @@ import train_lm
 from after_t2r import convert_to_window
 from families import FamilyConfig
 from conftest import assert_check_passes, assert_one_line_error, lm_config, report, run, run_in_process, step_all
-from support import hf, job, runtime
+from support import configs, hf, job, runtime
 from safetensors.torch import load_file, save_file
 from experiments import gpt2_cost
 
@@ -117,15 +117,15 @@ def test_the_conversion_keeps_gpt2s_positions_and_gelu(tiny_gpt2, window):
 def test_a_config_that_names_its_positions_loads_and_keeps_only_max_positions():
     """Checkpoints written before max_positions alone said it carry positions="learned" (or "sinusoidal"): their
     configs still load, and what is kept is max_positions alone (the kind of positions follows from it)."""
-    config = runtime.build_model({**lm_config(max_positions=16).to_dict(), "positions": "learned"}).config
+    config = configs.build_model({**lm_config(max_positions=16).to_dict(), "positions": "learned"}).config
     assert config.max_positions == 16 and "positions" not in config.to_dict()
-    assert runtime.build_model({**lm_config().to_dict(), "positions": "sinusoidal"}).config.max_positions == 0
+    assert configs.build_model({**lm_config().to_dict(), "positions": "sinusoidal"}).config.max_positions == 0
 
 
 def test_the_switches_add_one_table_and_leave_todays_models_alone():
     """Today's models keep their state_dict keys (sinusoidal positions have no table); learned positions add one."""
     today = set(t2r.TransformerLM(lm_config()).state_dict())
-    gpt2_like = set(runtime.build_model(lm_config(max_positions=16, activation="gelu_tanh",
+    gpt2_like = set(configs.build_model(lm_config(max_positions=16, activation="gelu_tanh",
                                                   scale_embedding=False)).state_dict())
     assert gpt2_like - today == {"embed.pos.weight"} and today <= gpt2_like
 

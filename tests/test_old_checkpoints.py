@@ -7,8 +7,8 @@ import pathlib
 import pytest
 import torch
 
+from support.checkpoints import model_from_checkpoint, read_checked
 from support.inference import inference_model
-from support.runtime import model_from_checkpoint, read_checked
 from t2r import Seq2SeqTransformer
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "old_checkpoints.pt"

@@ -1,7 +1,7 @@
 """Tests of the paper-scale options of t2r.py at tiny sizes: the post-norm translator (appendix Table 5) and the
 adaptive input and softmax of the WikiText-103 model (section 3.2.1), the latter against torch's own
 AdaptiveLogSoftmaxWithLoss loaded with the same weights; the --preset wt103 model's shapes, on the meta device. And
-the paper's model as code outside t2r.py reads it: a saved config rebuilt by support/runtime.build_model, the attention
+the paper's model as code outside t2r.py reads it: a saved config rebuilt by support/configs.build_model, the attention
 weights of section 4's analysis (experiments/analyze_attention.py).
 
     python -m pytest -q -s tests/test_paper_models.py
@@ -14,7 +14,7 @@ import t2r
 from conftest import (TINY, assert_check_passes, assert_flags_refused, lm_config, make, report, step_all,
                       translator_batch, write_corpus)
 from experiments import analyze_attention
-from support import runtime
+from support import configs
 from t2r import TransformerLM
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
@@ -158,14 +158,14 @@ def test_bad_adaptive_cutoffs_are_refused_before_any_work(capsys, value):
 
 
 # -----------------------------------------------------------------------------
-# A saved config rebuilds its model: support/runtime.build_model picks the class
+# A saved config rebuilds its model: support/configs.build_model picks the class
 
 def test_config_round_trips_as_a_plain_dict(tmp_path):
     config = lm_config(["t2r", "softmax"])
     model = TransformerLM(config)
     torch.save({"config": config.to_dict(), "model": model.state_dict()}, tmp_path / "ckpt.pt")
     checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
-    rebuilt = runtime.build_model(checkpoint["config"])
+    rebuilt = configs.build_model(checkpoint["config"])
     rebuilt.load_state_dict(checkpoint["model"])
     assert rebuilt.config == config and isinstance(rebuilt, TransformerLM)
 

@@ -22,7 +22,7 @@ import torch
 import generate
 import t2r
 import train_lm
-from support import data, runtime, training
+from support import checkpoints, data, runtime, training
 from t2r import Config, TransformerLM, fold
 
 from conftest import (ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_line_error, report, run,
@@ -525,7 +525,7 @@ def test_weights_that_turn_nan_are_not_saved(run_here, tmp_path, corpus):
 
 def test_weights_holding_nan_or_inf_are_never_saved(tmp_path):
     with pytest.raises(runtime.UserError, match="not saving .*ckpt.pt: its weights hold NaN or inf \\(w;"):
-        runtime.save_checkpoint(str(tmp_path / "ckpt.pt"), {"model": {"w": torch.tensor([1.0, float("inf")])}})
+        checkpoints.save_checkpoint(str(tmp_path / "ckpt.pt"), {"model": {"w": torch.tensor([1.0, float("inf")])}})
     assert os.listdir(tmp_path) == []
 
 
@@ -647,16 +647,16 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(tmp_path, monkeypatch
     """The save's temporary file goes to /dev/full, where every write fails with ENOSPC, as on a full disk: the
     error says "No space left on device" (torch.save to a path said "unexpected pos 704 vs 598")."""
     path = tmp_path / "ckpt.pt"
-    runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(2)}, "step": 1})
+    checkpoints.save_checkpoint(str(path), {"model": {"w": torch.ones(2)}, "step": 1})
 
     def full_disk(name, mode="r", *rest, **kwargs):
         return builtins.open("/dev/full" if str(name).endswith(runtime.PARTIAL) else name, mode, *rest, **kwargs)
-    monkeypatch.setattr(runtime, "open", full_disk, raising=False)
+    monkeypatch.setattr(checkpoints, "open", full_disk, raising=False)
     with pytest.raises(runtime.UserError, match=r"could not write .*ckpt.pt \(No space left on device\)") as error:
-        runtime.save_checkpoint(str(path), {"model": {"w": torch.ones(1000)}, "step": 2})
+        checkpoints.save_checkpoint(str(path), {"model": {"w": torch.ones(1000)}, "step": 2})
     print(error.value)
     monkeypatch.undo()
-    assert runtime.read_checked(str(path))["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
+    assert checkpoints.read_checked(str(path))["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
 def test_a_table_written_over_a_folder_is_a_one_line_error(tmp_path):
