@@ -173,7 +173,7 @@ def equal_budget_section(results: dict, figure) -> list:
     points = budget_points(results["lm"])
     if not points:
         return []
-    size = LM_SIZES["full"]
+    size = LM_SIZES[edition(results)]
     steps = size["pretrain_steps"] + size["finetune_steps"]
     return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps |", "|---|---|---|---|",
             *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({seeds(c)}) | {mean_spread(r)} ({seeds(r)}) |"
@@ -253,9 +253,14 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "files of its training again, where that gave other weights")]
 
 
-def model_sizes() -> str:
+def edition(results: dict) -> str:
+    """"quick" or "full": the sizes (experiments/sizes.py) of the runs, as the command in machine.json says."""
+    return "quick" if (results.get("machine") or {}).get("command", "").endswith("--quick") else "full"
+
+
+def model_sizes(edition: str) -> str:
     """The study's models (experiments/sizes.py), at the top: the numbers below are theirs."""
-    lm, mt = LM_SIZES["full"]["model"], MT_SIZES["full"]["model"]
+    lm, mt = LM_SIZES[edition]["model"], MT_SIZES[edition]["model"]
     return (f"The models: a {lm['n_layer']}-layer language model, d_model {lm['d_model']}, {lm['n_head']} heads of "
             f"{lm['d_model'] // lm['n_head']}, feed-forward {lm['d_ff']} (the paper: 32 layers, 1024, 8 heads of 128, "
             f"4096); a {mt['n_encoder_layer']}+{mt['n_layer']}-layer translator, d_model {mt['d_model']}, "
@@ -273,7 +278,7 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "comparison the paper made; the controls and ablations are the study's own, which the paper did not run. "
             f"Produced by {provenance(machine)}. "
             "`python -m experiments.report` rewrites this page from the files beside it.", "",
-            model_sizes(), "", *partial_banner(machine),
+            model_sizes(edition(results)), "", *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
             "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
@@ -305,7 +310,7 @@ def results_page(results: dict, claims: list, controls: list) -> list:
 
 def scope(results: dict) -> str:
     """What the checks stand on, in a few words: the corpora, the models' sizes, the seeds, the teachers' convergence."""
-    lm, mt = LM_SIZES["full"]["model"], MT_SIZES["full"]["model"]
+    lm, mt = LM_SIZES[edition(results)]["model"], MT_SIZES[edition(results)]["model"]
     words = [f"PTB and en-de, {lm['n_layer']}-layer models of d_model {lm['d_model']} (en-de: "
              f"{mt['n_encoder_layer']}+{mt['n_layer']})"]
     seeds = sorted({len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER} - {0})

@@ -408,7 +408,9 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
         "converged" in text
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
     assert "**17 of 17 paper claims held at CPU scale**; the study's controls: 8 of 8" in text
-    assert os.path.isfile(os.path.join(results, "equal_budget.png")) and "| 2x | 5,760 |" in text
+    quick = study.LM_SIZES["quick"]  # the page's budgets are the edition's that ran
+    assert os.path.isfile(os.path.join(results, "equal_budget.png"))
+    assert f"| 2x | {2 * (quick['pretrain_steps'] + quick['finetune_steps']):,} |" in text
 
 
 MADE_UP_CSVS = {
@@ -480,3 +482,15 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
     assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
     recall = [line for line in summary if line.startswith(("- **Kept**", "- **Lost**", "- **From scratch**"))]
     assert len(recall) == 3 and all(line in readme for line in recall), "the README quotes the summary's MQAR lines"
+
+
+@pytest.mark.parametrize("command, edition", [("bash experiments/reproduce.sh", "full"),
+                                              ("bash experiments/reproduce.sh --quick", "quick")])
+def test_the_page_gives_the_sizes_and_budgets_of_the_edition_that_ran(command, edition):
+    """A quick study's page described the full study's models and step totals."""
+    rows = [dict(model="t2r", init="pretrained", test_ppl=130.0), dict(model="t2r-longer", init="random", test_ppl=129.0)]
+    results = {"lm": rows, "machine": {"command": command}}
+    table = study_report.equal_budget_section(results, lambda *a: [])
+    size = study.LM_SIZES[edition]
+    assert f"| 1x | {size['pretrain_steps'] + size['finetune_steps']:,} |" in table[2]
+    assert f"d_model {size['model']['d_model']}," in study_report.model_sizes(study_report.edition(results))
