@@ -5,8 +5,8 @@ must answer each with its value. Softmax attention looks the key up in its KV ca
 numbers a head must hold all N pairs at once.
 
     python -m experiments.mqar               # the experiment, resumable: 35 runs, 15 of them for the teacher's
-                                             # 10,000 steps (the teacher: 61 minutes at one thread, 2-core EPYC,
-                                             # 2026-11-25), 20 conversions of 4-9 minutes: about 17 CPU-hours
+                                             # 10,000 steps (40 to 70 minutes each at one thread, 2-core EPYC and
+                                             # Xeon, 2026-11-25/26), 20 conversions of 2-9 minutes: 12-20 CPU-hours
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
     python -m experiments.mqar --dry_run     # the runs, and what each trains
     python -m experiments.mqar --only conv & python -m experiments.mqar --only '^(?!.*conv)'   # two at once
