@@ -65,7 +65,7 @@ SCHEDULES = {
 }
 # A model trained elsewhere (--pretrained hf:...) converts with the recipe experiments/hf_recipe.py measured on a
 # Llama trained with transformers (README, "Converting a Hugging Face model"): every layer linear, attention transfer
-# first (for T2R's feature map; other kinds start without), then twice the steps of the base it was swept around.
+# first (T2R's feature maps, unless frozen; other kinds start without), then twice the steps of the sweep's base.
 HF_RECIPE = dict(max_steps=600, lr=1e-3, transfer_steps=100)
 
 
@@ -100,7 +100,8 @@ def get_args(argv=None):
     check_arch_flags(args, p)
     if hf.is_hf(args.pretrained):
         check_gpt2_flags(args, p)
-        adopt_defaults(args, HF_RECIPE if args.attn in (None, "t2r") else {**HF_RECIPE, "transfer_steps": 0})
+        transfer = args.attn in (None, "t2r") and not args.freeze_feature_map  # it trains T2R's feature maps
+        adopt_defaults(args, HF_RECIPE if transfer else {**HF_RECIPE, "transfer_steps": 0})
     if args.arch == "sru++":
         args.attn = sru_name(args)  # names the run and its row in the tables
         args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it

@@ -6,7 +6,7 @@ numbers a head must hold all N pairs at once.
 
     python -m experiments.mqar               # the experiment, resumable: 35 runs, 15 of them for the teacher's
                                              # 10,000 steps (40 to 70 minutes each at one thread, 2-core EPYC and
-                                             # Xeon, 2026-11-25/26), 20 conversions of 2-9 minutes: 12-20 CPU-hours
+                                             # Xeon, 2026-11-25/26), 20 conversions of 2-9 minutes: 11-20 CPU-hours
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
     python -m experiments.mqar --dry_run     # the runs, and what each trains
     python -m experiments.mqar --only conv & python -m experiments.mqar --only '^(?!.*conv)'   # two at once
@@ -242,6 +242,9 @@ def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
         copy_files(os.path.join(records, os.path.basename(folder)), folder)  # kept: nothing to train
     if not os.path.isfile(results):
         teacher = os.path.join(folder_of(Run(teacher_of(run)), out_dir), "model.pt")
+        if run.converted and not finished(Run(teacher_of(run)), out_dir, records):
+            raise UserError(f"{run.name} converts {teacher_of(run)}, which has not finished: include it in --only, "
+                            f"or train it first")
         if run.converted and not os.path.isfile(teacher):
             raise UserError(f"{run.name} converts {teacher}, which is kept in {records} without its weights: delete "
                             f"{os.path.join(records or '', teacher_of(run))} to train the teacher again")

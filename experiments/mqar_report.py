@@ -26,7 +26,7 @@ def mqar_section(results: dict, figure) -> list:
     rows, where = results["mqar"], results["mqar_machine"]
     if not rows:
         return []
-    size = MQAR_SIZES["quick" if "--quick" in where.get("command", "") else "full"]  # the sizes of the CSV's command
+    size = MQAR_SIZES["quick" if "--quick" in where.get("command", "").split() else "full"]  # the sizes of the CSV's command
     shown, pairs, longest = selected(rows), sorted({r["pairs"] for r in rows}), max(r["length"] for r in rows)
     lines = ["## What a fixed state forgets: associative recall (MQAR)", "",
              "Multi-query associative recall (Arora et al., 2023): a sequence lists N key-value pairs, then asks for "

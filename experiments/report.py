@@ -255,7 +255,7 @@ FILES = [  # (file, one row per, its columns), the last table of the page
 
 def edition(results: dict) -> str:
     """"quick" or "full": the sizes (experiments/sizes.py) of the runs, as the command in machine.json says."""
-    return "quick" if (results.get("machine") or {}).get("command", "").endswith("--quick") else "full"
+    return "quick" if "--quick" in (results.get("machine") or {}).get("command", "").split() else "full"
 
 
 def model_sizes(edition: str) -> str:

@@ -59,7 +59,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
     g = p.add_argument_group("initialisation")
     g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
-    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 (t2r), --max_steps 600, --lr 1e-3")
     g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
     g = p.add_argument_group("training")

@@ -43,9 +43,9 @@ def test_given_steps_and_rate_win_over_the_recipe():
     assert (args.max_steps, args.lr, args.transfer_steps) == (50, 3e-4, 7)
 
 
-@pytest.mark.parametrize("attn", ["softmax", "elu"])
-def test_the_recipes_transfer_is_for_t2r_alone(attn):  # softmax has no feature map; elu's has no weights
-    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder", "--attn", attn])
+@pytest.mark.parametrize("flags", [["--attn", "softmax"], ["--attn", "elu"], ["--freeze_feature_map"]])
+def test_the_recipes_transfer_is_for_t2r_feature_maps_that_train(flags):  # softmax has none; elu's has no weights
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder", *flags])
     assert (args.max_steps, args.transfer_steps) == (train_lm.HF_RECIPE["max_steps"], 0)
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_in_process
+from conftest import assert_one_line_error, run_in_process
 from experiments import mqar
 
 
@@ -93,6 +93,12 @@ def test_only_trains_the_matching_runs_and_writes_the_table_once_all_have_finish
     trained = {run.name for run in plan if (tmp_path / mqar.folder_of(run, "out/mqar-quick") / "results.json").is_file()}
     assert trained == {"softmax"}
     assert not (tmp_path / "out/mqar-quick/mqar.csv").exists() and "the table waits for: t2r8," in part.stdout
+
+
+def test_only_a_conversion_without_its_teacher_says_to_include_the_teacher(tmp_path):
+    result = run_in_process("experiments.mqar", "--quick", "--only", "^t2r8$", "--out_dir", "out", "--records", "rec",
+                            cwd=tmp_path)
+    assert_one_line_error(result, "t2r8 converts softmax, which has not finished: include it in --only")
 
 
 def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
