@@ -19,7 +19,9 @@ learning rate of a sweep, the one with the lowest validation loss reported (as Z
 it again with a short convolution before each attention layer (after_t2r.ConvLM; Zoology's baselines all have one),
 but the window hybrid (its model class has none) and SRU++ (its own architecture). Every model is scored on the same
 fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv, results/mqar.png. A
-finished run's results.json and args.json are kept in results/runs/mqar/ (a new machine reads them, trains nothing).
+finished run's results.json, config.json (the model's, from its checkpoint), args.json (the loop's flags: train_lm.py's,
+whose --attn and --pretrained defaults do not describe the model) and machine.json are kept in results/runs/mqar/ (a
+new machine reads them, trains nothing).
 
 The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
 (Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
@@ -58,8 +60,8 @@ PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for on
 VOCAB = 256  # keys from 0..127, values from 128..255
 COLUMNS = ["model", "run", "lr", "conv", "selected", "pairs", "length", "accuracy", "state_bytes", "steps",
            "valid_loss", "train_minutes"]
-RECORDS = os.path.join("results", "runs", "mqar")  # each finished run's results.json and args.json
-KEPT = ("results.json", "args.json", "machine.json")
+RECORDS = os.path.join("results", "runs", "mqar")  # each finished run's KEPT files
+KEPT = ("results.json", "config.json", "args.json", "machine.json")
 
 
 def length_for(pairs: int) -> int:
@@ -258,8 +260,19 @@ def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
         write_json(os.path.join(folder, "machine.json"), {**machine(), "wall_seconds": round(time.time() - started)})
         if records:
             copy_files(folder, os.path.join(records, os.path.basename(folder)))
+    if records:
+        write_config(folder, os.path.join(records, os.path.basename(folder)))
     with open(results) as f:
         return json.load(f)
+
+
+def write_config(folder: str, record: str):
+    """The model's config, read from its checkpoint, into the run's record where it has none (records kept before
+    config.json was: written whenever the run's weights are at hand)."""
+    model_pt, kept = os.path.join(folder, "model.pt"), os.path.join(record, "config.json")
+    recorded = os.path.isfile(os.path.join(record, "results.json"))
+    if os.path.isfile(model_pt) and recorded and not os.path.isfile(kept):
+        write_json(kept, load_checkpoint(model_pt, "MQAR model")["config"])
 
 
 def finished(run: Run, out_dir: str, records: str | None) -> bool:

@@ -78,8 +78,14 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
         mine = [r for r in rows if r["model"] == model and int(r["pairs"]) == 4]
         best = min(mine, key=lambda r: float(r["valid_loss"]))
         assert [r["run"] for r in mine if r["selected"] == "1"] == [best["run"]], model
+    records = tmp_path / "out/mqar-quick/records"
+    configs = {run.name: json.loads((records / mqar.folder_of(run, "") / "config.json").read_text()) for run in plan}
+    assert configs["t2r32 from scratch lr 0.002"]["attn"] == "t2r"  # the model's, where args.json has the loop's flags
+    assert configs["t2r8+conv"]["short_conv"] == 3 and "short_conv" not in configs["t2r8"]
+    (records / "t2r8" / "config.json").unlink()  # a record kept before config.json was
     again = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
     assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
+    assert json.loads((records / "t2r8" / "config.json").read_text()) == configs["t2r8"]  # written again from model.pt
     elsewhere = run_in_process("experiments.mqar", "--quick", "--out_dir", "fresh", "--records",
                                "out/mqar-quick/records", cwd=tmp_path)  # a new machine: only the records
     assert elsewhere.returncode == 0 and "step 1/" not in elsewhere.stdout, elsewhere.stderr[-2000:]
