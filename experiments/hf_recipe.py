@@ -24,14 +24,14 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
 import json
 import math
 import os
-import sys
 import time
 
 import torch
 
+import train_lm
 from support.corpora import corpus_sources
 from support.data import eval_windows
-from support.runtime import Parser, UserError, atomic_write, run_main, write_csv
+from support.runtime import Parser, atomic_write, run_main, write_csv
 
 # controls: how many families (in FAMILIES order) are also trained on as softmax, the control
 SIZES = {"full": dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn=344, positions=256, vocab=2000, steps=1500,
@@ -167,14 +167,11 @@ def converted(family: str, settings: dict, size: dict, out_dir: str) -> tuple:
     """(the teacher's results, the student's) of one conversion: read if it finished, else run by train_lm.py."""
     folder = run_folder(out_dir, family, settings)
     if not os.path.isfile(os.path.join(folder, "results.json")):
-        import subprocess
-        argv = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train_lm.py"),
-                *convert_flags(family, settings, size, out_dir)]
+        flags = convert_flags(family, settings, size, out_dir)
         if os.path.isfile(os.path.join(folder, "ckpt.pt")):
-            argv.append("--resume")
-        print(f"--- {family}: {' '.join(argv[2:])}", flush=True)
-        if subprocess.run(argv).returncode != 0:
-            raise UserError(f"the conversion in {folder} failed: see its output above, then rerun to continue")
+            flags.append("--resume")
+        print(f"--- {family}: python train_lm.py {' '.join(flags)}", flush=True)
+        train_lm.main(flags)  # in this process: its imports once, not once a run (a stop resumes from ckpt.pt)
     read = lambda name: json.load(open(os.path.join(folder, name)))
     return read("teacher_results.json"), read("results.json")
 
