@@ -49,7 +49,7 @@ from experiments.provenance import mqar_provenance
 from experiments.records import machine
 from experiments.sizes import MQAR_SIZES
 from support.runtime import Distributed, Parser, UserError, atomic_write, fingerprint, run_main, write_csv, write_json
-from support.training import Task, train
+from support.training import Diverged, Task, train
 from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
 from layers.states import state_bytes
@@ -255,13 +255,19 @@ def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
         task = MQARTask(args, Distributed(), size["eval_sequences"], 0 if run.converted else size["curriculum"])
         checkpoint = open_run(task)
         model = make_model(run, size, checkpoint, args)
-        train(TransferFirst(task, checkpoint) if run.transfer else task, model, checkpoint)  # transfer: its stage first
-        task.lock.close()
+        try:
+            train(TransferFirst(task, checkpoint) if run.transfer else task, model, checkpoint)  # transfer: first
+        except Diverged as e:  # a rate of a sweep that diverges is one of its results, as in Zoology's sweeps
+            print(f"{run.name}: diverged, recorded as such ({e})")
+            write_json(results, {"diverged": str(e), "train_minutes": (time.time() - started) / 60})
+        finally:
+            task.lock.close()
         write_json(os.path.join(folder, "machine.json"), {**machine(), "wall_seconds": round(time.time() - started)})
-        if records:
-            copy_files(folder, os.path.join(records, os.path.basename(folder)))
-    if records:
-        write_config(folder, os.path.join(records, os.path.basename(folder)))
+    if records:  # also a run that stopped between its results and its record
+        record = os.path.join(records, os.path.basename(folder))
+        if not os.path.isfile(os.path.join(record, "results.json")):
+            copy_files(folder, record)
+        write_config(folder, record)
     with open(results) as f:
         return json.load(f)
 
@@ -295,50 +301,56 @@ def folder_of(run: Run, out_dir: str) -> str:
 
 
 def check_planned(run: Run, size: dict, folder: str):
-    """A run folder already there (finished or not) was trained to this plan's budget: a --quick run is not taken
-    for a full one, nor the other way round. Else one line, before any work."""
+    """A run folder already there (finished or not) was trained to this plan's budget and model size: a --quick run
+    is not taken for a full one, nor the other way round. Else one line, before any work."""
     steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
-    planned = {"max_steps": steps, "batch_size": size["batch_size"], "lr": run.lr or size["lr"],
-               "transfer_steps": size["transfer_steps"] if run.transfer else 0}
-    try:
-        with open(os.path.join(folder, "args.json")) as f:
-            saved = json.load(f)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError):
-        raise UserError(f"{folder}/args.json is unreadable: delete {folder}, or pass another --out_dir") from None
-    for name, value in planned.items():
-        if saved.get(name, 0) != value:
-            raise UserError(f"{folder} holds {run.name} trained with --{name} {saved.get(name)}, this plan's is "
-                            f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
+    planned = {"args.json": {"max_steps": steps, "batch_size": size["batch_size"], "lr": run.lr or size["lr"],
+                             "transfer_steps": size["transfer_steps"] if run.transfer else 0},
+               "config.json": {"n_layer": size["n_layer"], "d_model": size["d_model"]}}  # no config.json: older
+    for file, fields in planned.items():
+        try:
+            with open(os.path.join(folder, file)) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            raise UserError(f"{folder}/{file} is unreadable: delete {folder}, or pass another --out_dir") from None
+        for name, value in fields.items():
+            if saved.get(name, 0) != value:
+                raise UserError(f"{folder} holds {run.name} trained with {name} {saved.get(name)}, this plan's is "
+                                f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
 
 
 def rows_of(run: Run, results: dict, steps: int, transfer_steps: int = 0, teacher_lr: float = 0.0) -> list:
     """The run's rows at every pair count; after attention transfer, also its recall right after the stage; the
     teacher's again as a member of the softmax sweep. teacher_lr: the size's rate, every run's but the sweep's."""
-    row = lambda model, found, n, steps: dict(
-        model=model, run=run.name, lr=run.lr or teacher_lr or None, conv=int(run.conv), selected=1, pairs=n,
-        length=length_for(n),
-        accuracy=round(found["accuracy"][str(n)], 4), state_bytes=found["state_bytes"][str(length_for(n))],
-        steps=steps, valid_loss=found.get("valid_loss"), train_minutes=round(results["train_minutes"], 2))
+    def row(model, found, n, steps):  # a diverged run found nothing: empty cells
+        accuracy = found["accuracy"].get(str(n))
+        return dict(model=model, run=run.name, lr=run.lr or teacher_lr or None, conv=int(run.conv), selected=1,
+                    pairs=n, length=length_for(n), accuracy=None if accuracy is None else round(accuracy, 4),
+                    state_bytes=found["state_bytes"].get(str(length_for(n))), steps=steps,
+                    valid_loss=found.get("valid_loss"), train_minutes=round(results["train_minutes"], 2))
+    if results.get("diverged"):
+        return [row(run.model, {"accuracy": {}, "state_bytes": {}}, n, steps) for n in PAIRS]
     rows = [row(run.model, results, n, steps) for n in PAIRS]
     if run.name == teacher_of(run) and teacher_lr:  # "softmax", "softmax+conv": trained from scratch too
         rows += [{**r, "model": f"softmax from scratch{'+conv' if run.conv else ''}"} for r in rows]
     if results.get("after_transfer"):  # the transfer stage's model, before any finetuning
-        rows += [row(f"{run.model} (after transfer, before finetuning)", results["after_transfer"], n,
-                     transfer_steps) for n in PAIRS]
+        rows += [{**row(f"{run.model} (after transfer, before finetuning)", results["after_transfer"], n,
+                        transfer_steps), "lr": None} for n in PAIRS]  # the stage's rate is --transfer_lr's
     return rows
 
 
 def select_rates(rows: list) -> list:
     """Of the runs that share a model (a learning-rate sweep), only the one with the lowest validation loss is
-    selected; the others stay in the table, marked."""
+    selected; the others stay in the table, marked (a diverged one is never selected)."""
     loss = {}
     for r in rows:
         if r["valid_loss"] is not None:
             loss.setdefault(r["model"], {})[r["run"]] = r["valid_loss"]
     best = {model: min(runs, key=runs.get) for model, runs in loss.items()}
-    return [{**r, "selected": int(r["model"] not in best or best[r["model"]] == r["run"])} for r in rows]
+    pick = lambda r: r["accuracy"] is not None and (r["model"] not in best or best[r["model"]] == r["run"])
+    return [{**r, "selected": int(pick(r))} for r in rows]
 
 
 def get_args(argv=None):
@@ -398,13 +410,12 @@ def main(argv=None):
     write_csv(args.csv, rows, COLUMNS)
     # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed
     command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
-    trained = [r for r in rows if "(after transfer" not in r["model"]]  # the stage's minutes are its run's
-    where = {**machine(), "command": command, "train_minutes": round(sum(r["train_minutes"] for r in trained) /
-                                                                     len(PAIRS), 1)}
+    minutes = {r["run"]: r["train_minutes"] for r in rows}  # once a run: its transfer's and sweep rows repeat it
+    where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
     write_json(os.path.splitext(args.csv)[0] + ".json", where)
     figure = os.path.splitext(args.csv)[0] + ".png"
     try:  # matplotlib is imported as the figure is drawn
-        plot_mqar(rows, mqar_provenance(where).replace("`", ""), figure)
+        plot_mqar([r for r in rows if r["selected"]], mqar_provenance(where).replace("`", ""), figure)
     except ImportError:
         figure = "no figure (pip install matplotlib)"
     print(f"wrote {args.csv}, {figure} ({(time.time() - t0) / 60:.1f} minutes this time); python -m "

@@ -41,16 +41,18 @@ def mqar_section(results: dict, figure) -> list:
              "reproduce the softmax attention it replaced (after_t2r.py), then the model is finetuned; its row "
              "\"(after transfer, before finetuning)\" is the model straight after that stage. `+conv`: a short "
              "convolution (kernel 3, depthwise, causal) before each attention layer, as every Zoology baseline has. "
-             "SRU++ keeps softmax attention in some layers: its state is mostly their KV cache, which grows with the "
-             "sequence (its bytes column)." + ("" if any(r.get("selected") is not None for r in rows) else
-                                              " This table was written before the learning-rate sweep and the short "
-                                              "convolution: `python -m experiments.mqar` adds them."), "",
+             "SRU++ (attention in every layer here) keeps softmax attention's KV cache beside its recurrence: its "
+             "state is mostly that cache, which grows with the sequence (its bytes column)." +
+             ("" if any(r.get("selected") is not None for r in rows) else
+              " This table was written before the learning-rate sweep and the short convolution: "
+              "`python -m experiments.mqar` adds them."), "",
              "| model | lr | steps | state bytes at " + f"{longest} tokens | " +
              " | ".join(f"{n} pairs" for n in pairs) + " |", "|---" * (len(pairs) + 4) + "|"]
     for model in dict.fromkeys(r["model"] for r in shown):
         mine = {r["pairs"]: r for r in group(shown, model=model)}
         last = mine[pairs[-1]]
-        lines.append(f"| {model} | {rate(last)} | {last['steps'] or '-':,} | {last['state_bytes']:,} | " +
+        name = f"{model} (state: its attention's KV cache)" if model.startswith("sru++") else model
+        lines.append(f"| {name} | {rate(last)} | {last['steps'] or '-':,} | {last['state_bytes']:,} | " +
                      " | ".join(f"{mine[n]['accuracy']:.3f}" if n in mine else "-" for n in pairs) + " |")
     return lines + ["", *sweep_table(rows, pairs), *mqar_reading(rows), "",
                     *figure("mqar.png", "What a fixed state forgets", "mqar.csv", mqar_provenance(where))]
@@ -70,9 +72,12 @@ def sweep_table(rows: list, pairs: list) -> list:
     for model in swept:
         for run in dict.fromkeys(r["run"] for r in group(rows, model=model)):
             at = {r["pairs"]: r for r in group(rows, model=model, run=run)}
-            first = at[pairs[0]]
+            first, last = at[pairs[0]], at[pairs[-1]]
+            if first["accuracy"] is None:  # the rate diverged: NaN or inf losses, no model to score
+                lines.append(f"| {model} | {rate(first)} | diverged | - | - | |")
+                continue
             lines.append(f"| {model} | {rate(first)} | {first['valid_loss']:.4f} | {first['accuracy']:.3f} | "
-                         f"{at[pairs[-1]]['accuracy']:.3f} | {'yes' if first['selected'] else ''} |")
+                         f"{last['accuracy']:.3f} | {'yes' if first['selected'] else ''} |")
     return lines + [""]
 
 

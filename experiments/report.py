@@ -241,16 +241,19 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "sentences, Koehn 2004)"),
     ("curves.csv", "evaluation of a run", "`task` (lm, mt), `model`, `init`, `step`, `tokens` (training target tokens "
      "seen so far), `valid_loss` (nats per token); seed-0 runs of the tables"),
-    ("mqar.csv", "MQAR model and number of pairs", "`model`, `pairs`, `length` (tokens), `accuracy` (over every "
-     "query of the test sequences), `state_bytes` (the generation state after `length` tokens, batch 1), `steps` "
-     "(training, a conversion's after its teacher's), `train_minutes`; `mqar.json`: its command, machine and date"),
+    ("mqar.csv", "MQAR run and number of pairs", "`model` (a learning-rate sweep's runs share it), `run`, `lr`, `conv` "
+     "(1: the short convolution), `selected` (1: the sweep's lowest `valid_loss`, the run the tables show), `pairs`, "
+     "`length` (tokens), `accuracy` (over every query of the test sequences; empty: the run diverged), "
+     "`state_bytes` (the generation state after `length` tokens, batch 1), `steps` (training, a conversion's after "
+     "its teacher's), `valid_loss`, `train_minutes`; `mqar.json`: its command, machine and date"),
     ("bench/bench.csv", "bench.py measurement", "`section` (s2s: the translator's greedy decoding, source = target "
      "length), `model`, `batch`, `length`, `metric`, `value`, `unit`, `device`; Fig. 2's length claims read it"),
     ("machine.json", "", "the command, the machines and dates of the runs, how many of the planned runs finished"),
     ("runs/", "finished run", "its record (experiments/records.py), from which the CSVs are gathered: "
      "`results.json`, `args.json`, `machine.json`, `weights.json` (digests of its weights and its teacher's), and "
      "its probes' `attention.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`; `retrained/`: the same "
-     "files of its training again, where that gave other weights")]
+     "files of its training again, where that gave other weights; `runs/mqar/`: an MQAR run's `results.json`, "
+     "`config.json` (its model), `args.json` (the training loop's flags) and `machine.json`")]
 
 
 def edition(results: dict) -> str:

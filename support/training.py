@@ -259,12 +259,17 @@ class CtrlC:
         signal.signal(signal.SIGINT, self.previous)
 
 
+class Diverged(UserError):
+    """A NaN or inf loss: the run stops before saving; an experiment sweeping learning rates records the rate as one
+    that diverged instead of stopping."""
+
+
 def check_finite(nonfinite, task: Task, p: Progress):
     """Stop before a NaN or inf reaches a checkpoint: ckpt.pt keeps the last step whose losses were finite."""
     if task.ddp.enabled:
         nonfinite = all_reduce_sum(nonfinite.float(), task.ddp) > 0
     if nonfinite.item():
-        raise UserError(f"the training loss became NaN or inf before step {p.step}: stopped without saving, so "
+        raise Diverged(f"the training loss became NaN or inf before step {p.step}: stopped without saving, so "
                         f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume "
                         f"(or check the data)")
 
@@ -320,7 +325,7 @@ def validate(task: Task, model, p: Progress):
     finite yet so large that the model's outputs overflow)."""
     val_loss = task.validation_loss(model)
     if not math.isfinite(val_loss):
-        raise UserError(f"the validation loss is {val_loss} at step {p.step}: the weights diverged; not saved, so "
+        raise Diverged(f"the validation loss is {val_loss} at step {p.step}: the weights diverged; not saved, so "
                         f"{task.args.out_dir}/ckpt.pt keeps the last good checkpoint: lower --lr, then --resume "
                         f"(or start again if none was saved)")
     p.best_val = min(p.best_val, val_loss)

@@ -61,6 +61,7 @@ class TransferFirst:
         if step == self.transfer_steps:  # the model before finetuning, scored as a finished run is
             print(f"after the {step} steps of attention transfer:")
             self.after_transfer = self.task.report(model, train_seconds)
+            model.train()  # finetuning goes on: a task's report may leave the model in eval mode (no dropout)
 
     def after_step(self, model, step: int):
         if step > self.transfer_steps:  # a translator's snapshots are of the finetuning only: they are averaged

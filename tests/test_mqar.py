@@ -7,6 +7,7 @@ runs end to end (--quick), resumable, with a KV cache that grows and T2R states 
 
 import csv
 import json
+import os
 
 import pytest
 import torch
@@ -83,9 +84,17 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     assert configs["t2r32 from scratch lr 0.002"]["attn"] == "t2r"  # the model's, where args.json has the loop's flags
     assert configs["t2r8+conv"]["short_conv"] == 3 and "short_conv" not in configs["t2r8"]
     (records / "t2r8" / "config.json").unlink()  # a record kept before config.json was
+    kept_t2r64 = (records / "t2r64" / "results.json").read_text()
+    for name in os.listdir(records / "t2r64"):  # a run that stopped between its results and its record
+        (records / "t2r64" / name).unlink()
     again = run_in_process("experiments.mqar", "--quick", cwd=tmp_path)
     assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
     assert json.loads((records / "t2r8" / "config.json").read_text()) == configs["t2r8"]  # written again from model.pt
+    assert (records / "t2r64" / "results.json").read_text() == kept_t2r64
+    minutes = {r["run"]: float(r["train_minutes"]) for r in rows}  # each run's training once (the teacher's too)
+    where = json.loads((tmp_path / "out/mqar-quick/mqar.json").read_text())
+    assert where["train_minutes"] == round(sum(minutes.values()), 1)
+    assert {r["lr"] for r in rows if "(after transfer" in r["model"]} == {""}  # the stage trains at --transfer_lr
     elsewhere = run_in_process("experiments.mqar", "--quick", "--out_dir", "fresh", "--records",
                                "out/mqar-quick/records", cwd=tmp_path)  # a new machine: only the records
     assert elsewhere.returncode == 0 and "step 1/" not in elsewhere.stdout, elsewhere.stderr[-2000:]
@@ -135,16 +144,42 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     assert (tmp_path / "mqar.png").stat().st_size > 0
 
 
-def test_a_full_plan_does_not_take_a_quick_plans_runs_for_its_own(tmp_path):
+@pytest.mark.parametrize("differs", ["budget", "model"])
+def test_a_full_plan_does_not_take_a_quick_plans_runs_for_its_own(tmp_path, differs):
     """--out_dir X after --quick --out_dir X: the quick runs' results were taken as the full table's; now one line,
-    before any work."""
+    before any work. The budget is args.json's; the model's size config.json's (a plan whose sizes changed)."""
     folder = tmp_path / "x" / "softmax"
     folder.mkdir(parents=True)
-    quick = mqar.MQAR_SIZES["quick"]  # what a --quick run's args.json says of its budget
-    (folder / "args.json").write_text(json.dumps({"max_steps": quick["teacher_steps"], "batch_size": quick["batch_size"],
-                                                  "lr": quick["lr"], "transfer_steps": 0}))
+    size = mqar.MQAR_SIZES["quick" if differs == "budget" else "full"]  # what the run's args.json says of its budget
+    (folder / "args.json").write_text(json.dumps({"max_steps": size["teacher_steps"], "batch_size": size["batch_size"],
+                                                  "lr": size["lr"], "transfer_steps": 0}))
+    (folder / "config.json").write_text(json.dumps({"n_layer": size["n_layer"], "d_model": 64}))
     (folder / "results.json").write_text("{}")
     result = run_in_process("experiments.mqar", "--out_dir", "x", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert f"x/softmax holds softmax trained with --max_steps {quick['teacher_steps']}" in result.stderr
+    said = f"max_steps {size['teacher_steps']}" if differs == "budget" else "d_model 64"
+    assert f"x/softmax holds softmax trained with {said}, this plan's is" in result.stderr
     assert "(--quick or not)" in result.stderr and not (tmp_path / "x" / "mqar.csv").exists()
+
+
+def test_a_rate_that_diverges_is_recorded_never_picked_and_shown_as_diverged(tmp_path, monkeypatch):
+    """A NaN loss at one rate of a sweep is one of its results (Zoology's sweeps keep going): recorded, not fatal."""
+    from experiments.mqar_report import sweep_table
+    from support.training import Diverged
+    size = mqar.MQAR_SIZES["quick"]
+    high, low = [run for run in mqar.plan(size) if run.name.startswith("t2r32 from scratch lr")][-2:]
+
+    def diverge(task, model, checkpoint):
+        raise Diverged("the validation loss is nan at step 2: the weights diverged")
+    monkeypatch.setattr(mqar, "train", diverge)
+    monkeypatch.chdir(tmp_path)
+    results = mqar.train_run(high, size, "out", "rec")
+    assert results["diverged"].startswith("the validation loss is nan")
+    assert (tmp_path / "rec" / os.path.basename(mqar.folder_of(high, "out")) / "results.json").is_file()
+    finished = {"accuracy": {str(n): 0.5 for n in mqar.PAIRS}, "valid_loss": 3.0, "train_minutes": 1.0,
+                "state_bytes": {str(mqar.length_for(n)): 100 for n in mqar.PAIRS}}
+    rows = mqar.select_rates(mqar.rows_of(high, results, 10) + mqar.rows_of(low, finished, 10))
+    assert {r["run"] for r in rows if r["selected"]} == {low.name}
+    assert {r["accuracy"] for r in rows if r["run"] == high.name} == {None}
+    lines = sweep_table(rows, list(mqar.PAIRS))
+    assert f"| t2r32 from scratch | {high.lr:g} | diverged | - | - | |" in lines, lines

@@ -7,6 +7,7 @@ window gates learn, and the error falls; then the transfer stage and --window in
 
 import json
 import os
+import types
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import t2r
 from conftest import (MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run,
                       translations_in_process, write_corpus)
 from support.runtime import write_json
+from support.transfer import TransferFirst
 from t2r import Seq2SeqTransformer, TransformerLM
 
 T = 9
@@ -202,3 +204,19 @@ def test_the_conversion_report_reads_each_rows_three_scores(tmp_path):
     assert lines[4] == "| softmax teacher | - | - | 100.00 | 5.0 |"
     assert lines[6] == "| t2r+transfer | 999.00 | 199.00 | 89.00 | 0.5 + 1.5 |"
     assert lines[7] == "| t2r+window | 999.00 | - | 88.00 | 2.0 |"
+
+
+def test_finetuning_after_the_stage_goes_on_in_training_mode():
+    """A task's report may leave its model in eval mode (MQAR's scores with it); the stage's end puts it back, so
+    the finetuning that follows keeps its dropout."""
+    class EvalReport:
+        args, steps = types.SimpleNamespace(transfer_steps=2), 5
+
+        def report(self, model, train_seconds):
+            model.eval()
+            return {"scored": True}
+
+    model = torch.nn.Linear(2, 2).train()
+    stage = TransferFirst(EvalReport(), None)
+    stage.after_evaluation(model, 2, 1.0)
+    assert stage.after_transfer == {"scored": True} and model.training
