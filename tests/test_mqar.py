@@ -91,9 +91,9 @@ def test_the_quick_experiment_runs_every_model_and_resumes_from_its_results(tmp_
     assert again.returncode == 0 and "step 1/" not in again.stdout  # finished runs are read, not trained again
     assert json.loads((records / "t2r8" / "config.json").read_text()) == configs["t2r8"]  # written again from model.pt
     assert (records / "t2r64" / "results.json").read_text() == kept_t2r64
-    minutes = {r["run"]: float(r["train_minutes"]) for r in rows}  # each run's training once (the teacher's too)
-    where = json.loads((tmp_path / "out/mqar-quick/mqar.json").read_text())
-    assert where["train_minutes"] == round(sum(minutes.values()), 1)
+    kept = [json.loads((records / mqar.folder_of(run, "") / "results.json").read_text()) for run in plan]
+    where = json.loads((tmp_path / "out/mqar-quick/mqar.json").read_text())  # each run's training once, the teacher's too
+    assert where["train_minutes"] == round(sum(round(r["train_minutes"], 2) for r in kept), 1)
     assert {r["lr"] for r in rows if "(after transfer" in r["model"]} == {""}  # the stage trains at --transfer_lr
     elsewhere = run_in_process("experiments.mqar", "--quick", "--out_dir", "fresh", "--records",
                                "out/mqar-quick/records", cwd=tmp_path)  # a new machine: only the records
