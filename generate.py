@@ -10,8 +10,9 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
 
-The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7); on CUDA it is recorded once as a CUDA graph and
-replayed at every token. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
+logits without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R checkpoints
+are folded first (Eq. 8): the feature map is merged into W_q and W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
 values of their attention layers.
 """
@@ -26,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 from sru import SRUppLM
 from support import data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
-from support.inference import compile_step, inference_model
+from support.inference import FlatStep, compile_step, eager_decoder, inference_model
 from support.run_files import check_identity, data_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
@@ -205,8 +206,8 @@ class CapturedStep:
 
 
 def make_decoder(model, args, length: int):
-    """What runs the recurrent step (--step, --compile): the model itself, compiled, or recorded as a CUDA graph of
-    `length` steps. SRU++ runs its own step, eager."""
+    """What runs the recurrent step (--step, --compile): the model's step unrolled (or its own, where it steps its own
+    way), compiled, or recorded as a CUDA graph of `length` steps. SRU++ runs its own step, eager."""
     if traits(model).own_step:
         if args.step == "graph" or args.compile:
             raise UserError(f"{type(model).__name__} steps with its own step only: use --step eager, without --compile")
@@ -214,13 +215,13 @@ def make_decoder(model, args, length: int):
     if args.compile:
         return compile_step(model)
     if args.step == "eager":
-        return model
+        return eager_decoder(model)
     try:
         return CapturedStep(model, length)
     except ValueError as error:
         if args.step == "graph":
             raise UserError(f"--step graph: {error}") from None
-        return model  # auto: a KV cache grows, so it cannot be recorded; the eager step runs it
+        return eager_decoder(model)  # auto: a KV cache grows, so it cannot be recorded; the eager step runs it
 
 
 # -----------------------------------------------------------------------------
@@ -338,7 +339,8 @@ def first_line(model, decoder, args) -> str:
     if args.mode == "recompute":
         return f"{args.ckpt}: {t.what}, mode recompute"
     own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
-    step = f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else own
+    step = (f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else
+            f"{own}, unrolled" if isinstance(decoder, FlatStep) else own)
     return f"{args.ckpt}: {t.what}, mode recurrent with a {t.form}, {step}"
 
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from support import mt_data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.corpora import text_lines
-from support.inference import compile_step, inference_model
+from support.inference import compile_step, eager_decoder, inference_model
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
                              get_device, length_factor, length_term, non_negative_float, positive_int, resolve_device,
@@ -174,7 +174,7 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     args: beam (1: greedy), lenpen, max_len_a, max_len_b, decode_batch_size, compile (train_mt.py's
     --compile, which compiles training too)."""
     decoding_kernels()
-    decoder = compile_step(model.eval()) if args.compile else model.eval()
+    decoder = compile_step(model.eval()) if args.compile else eager_decoder(model.eval())
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
@@ -207,7 +207,7 @@ def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16
     padding not) per second of decoding, encoder included. Sentences go in order of length, as
     translate_sentences batches them; the first batch runs once untimed (one-time costs: allocator, kernels)."""
     decoding_kernels()
-    decoder = model.eval()
+    decoder = eager_decoder(model.eval())  # as translate_sentences decodes
     decode = (lambda src: greedy_decode(decoder, src, max_len_a, max_len_b)) if beam == 1 else \
         (lambda src: [h[0] for h in beam_search(decoder, src, beam, lenpen, max_len_a, max_len_b)])
     ids = sorted(mt_data.encode(tokenizer, [s for s in sentences if s.strip()]), key=len)

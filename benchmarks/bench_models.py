@@ -10,7 +10,7 @@ from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
 from generate import CapturedStep
 from support.checkpoints import load_checkpoint
-from support.inference import compile_step
+from support.inference import compile_step, eager_decoder
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
 from support.fla_kernel import FlaLinearAttention, fla_available
@@ -18,7 +18,8 @@ from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, f
 
 
 # The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All run t2r.py's step
-# (SRU++ its own), eager but *_graph (a CUDA graph, CUDA only) and *_compiled (torch.compile; not with --quick).
+# (SRU++ and the window its own) as generate.py does: unrolled (support/inference.py's FlatStep), but *_graph (a CUDA
+# graph, CUDA only) and *_compiled (torch.compile; not with --quick).
 LM_MODELS = {
     "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),
     "softmax_recompute": ("softmax", 32, False, "softmax re-running the whole prefix at every token "
@@ -116,8 +117,8 @@ def build_lm(name: str, args):
     if name == "softmax_recompute":
         return model, "recompute"
     if name.endswith("_compiled"):
-        model = compile_step(model)
-    return (CapturedStep(model, max(args.lengths) + 16) if name.endswith("_graph") else model), "step"
+        return compile_step(model), "step"
+    return (CapturedStep(model, max(args.lengths) + 16) if name.endswith("_graph") else eager_decoder(model)), "step"
 
 
 def build_s2s(name: str, args):
@@ -125,7 +126,7 @@ def build_s2s(name: str, args):
     config = lm_config(args, n_encoder_layer=lm_config(args).n_layer, attn=kind, feature_size=self_k,
                        cross_attn=kind, cross_feature_size=cross_k)
     model = Seq2SeqTransformer(config).eval()
-    return place(fold(model) if folded else model, args), "step"
+    return eager_decoder(place(fold(model) if folded else model, args)), "step"
 
 
 def translator_name(run: str) -> str:

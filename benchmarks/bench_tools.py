@@ -13,6 +13,7 @@ import weakref
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -47,10 +48,11 @@ class ProjectionsOnly(nn.Module):
         self.attn.stack_projections(append_one=True)
         return {}
 
-    def step(self, x, state):
+    def step(self, x, state):  # unrolled, as support/inference.py's FlatStep runs t2r.py's step
         attn = self.attn
-        _, _, v1 = attn.project_step(x, True)  # [v | 1] (B, H, 1, d + 1)
-        return attn.merge_step(v1[..., :attn.d_head])  # W_o v
+        qkv1 = F.linear(x, *attn.stacked).view(x.shape[0], attn.n_head, 1, -1)  # [q | k | v | 1] by head
+        v = qkv1[..., -attn.d_head - 1:-1]
+        return F.linear(v.flatten(1), attn.out_proj.weight, attn.out_proj.bias)  # W_o v
 
 
 def replace_self_attention(model, make):

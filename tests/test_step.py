@@ -15,6 +15,7 @@ from generate import CapturedStep
 from support.runtime import decoding_kernels
 from layers.states import state_bytes
 from support.configs import build_model, config_of
+from support.inference import FlatStep, eager_decoder
 from t2r import fold
 
 LM_CASES = {
@@ -110,6 +111,62 @@ def test_a_position_tensor_gives_the_same_logits():
     diff, state = step_against(parallel(model, tokens), model, tokens, state)
     assert report("position tensor: recurrent step - parallel form", diff) < 1e-12
     assert int(state["pos"]) == 30
+
+
+# The unrolled step generate.py runs (support/inference.py) against t2r.py's: the same operations, the same logits
+
+FLAT_CASES = [case for case in LM_CASES if case not in ("GPT-2's switches", "t2r window")]  # families.py's models
+
+
+@pytest.mark.parametrize("case", FLAT_CASES)
+def test_the_flat_step_gives_the_model_steps_logits(case):
+    switches = dict(LM_CASES[case])
+    model = tiny_lm(fold_it=switches.pop("fold", False), **switches)
+    tokens = torch.randint(0, 60, (3, 40))
+    reference = torch.stack([model.step(t, state)[0] for state in [model.init_state(3)] for t in tokens.T], 1)
+    diff, state = step_against(reference, FlatStep(model), tokens)
+    assert report(f"{case}: flat step - model.step, logits over 40 positions", diff) < 1e-12
+    assert state["pos"] == 40
+
+
+@pytest.mark.parametrize("kind", ["t2r", "softmax"])
+def test_the_flat_step_of_a_translator_equals_the_parallel_form(kind):
+    model = tiny_translator(kind)
+    model = fold(model) if kind == "t2r" else model
+    src, tgt = torch.randint(1, 23, (3, 7)), torch.randint(0, 23, (3, 12))
+    src[0, 5:] = 0
+    flat = FlatStep(model)
+    diff, _ = step_against(parallel(model, src, tgt), flat, tgt, flat.init_state(src))
+    assert report(f"translator {kind}: flat step - parallel form", diff) < 1e-12
+
+
+@pytest.mark.parametrize("attn", ["t2r", "softmax"])
+def test_the_flat_step_calls_no_module_of_t2r_py_but_the_embedding(attn):
+    """What makes it faster: of t2r.py's modules only the embedding (and its table) is called; the layers and the
+    head are tensor functions on the same weights."""
+    model, called = tiny_lm(attn, fold_it=attn == "t2r"), []
+    flat, state = FlatStep(model), model.init_state(1)
+    hook = torch.nn.modules.module.register_module_forward_hook(lambda module, *_: called.append(type(module).__name__))
+    try:
+        flat.step(torch.zeros(1, dtype=torch.long), state)
+    finally:
+        hook.remove()
+    assert sorted(called) == ["Embedding", "Embedding"]  # layers/embedding.py's, and its nn.Embedding table
+
+
+@pytest.mark.parametrize("switches", [dict(max_positions=64, activation="gelu_tanh", scale_embedding=False),
+                                      dict(norm="rmsnorm", ffn="swiglu", n_kv_head=1, rope_theta=10_000.0),
+                                      dict(window=3)])
+def test_a_family_model_decodes_with_its_own_step(switches):  # they step their own way (families.py)
+    model = tiny_lm(**switches)
+    assert eager_decoder(model) is model
+    with pytest.raises(ValueError, match="steps its own way"):
+        FlatStep(model)
+
+
+def test_the_flat_step_refuses_a_model_in_training_mode():
+    with pytest.raises(ValueError, match="eval"):
+        FlatStep(tiny_lm().train())
 
 
 def test_the_compiled_layers_have_no_graph_break():

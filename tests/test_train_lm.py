@@ -21,6 +21,7 @@ import torch
 
 import generate
 import t2r
+import support.inference
 import train_lm
 from support import checkpoints, data, runtime, training
 from t2r import Config, TransformerLM, fold
@@ -373,8 +374,8 @@ def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(ru
 
 
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
-    """generate.py decodes with t2r.py's own linear_attention_step (Eqs. 6-7): one call per layer and token fed in
-    (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
+    """generate.py decodes with t2r.py's step unrolled, whose Eq. 7 is t2r.py's read_state: one call per layer and
+    token fed in (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
     tmp, _ = trained
     calls = []
 
@@ -382,11 +383,12 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
         calls.append(1)
         return read_state(*args)
     read_state = t2r.read_state  # Eq. 7 of the step generation runs
-    monkeypatch.setattr(t2r, "read_state", counted)
+    assert support.inference.read_state is read_state
+    monkeypatch.setattr(support.inference, "read_state", counted)
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
                       "5", cwd=tmp)
     assert result.returncode == 0, result.stderr
-    assert "t2r.py's step" in result.stdout and len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
+    assert "t2r.py's step, unrolled" in result.stdout and len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
 
 
 # -----------------------------------------------------------------------------
