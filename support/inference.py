@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers.states import append_to_cache, full_precision
+from layers.states import append_to_cache, full_precision, widened
 from t2r import (Block, LinearAttention, SoftmaxAttention, T2RFeatureMap, TransformerBase, add_to_state, fold,
                  read_state)
 
@@ -133,7 +133,9 @@ def unrolled_attention(attn: nn.Module):
     def linear_step(x, state):  # LinearAttention.step: Eqs. 6-7 on [S | z]
         q, k, v1 = F.linear(x, *attn.stacked).view(x.shape[0], H, 1, -1).split([w, w, attn.d_head + 1], -1)
         (fq, fk), Sz = feature_map(q, k), state["Sz"]
+        if x.dtype != Sz.dtype:  # bf16 weights: the state and its sums in float32
+            fq, fk, v1 = widened(fq, fk, v1)
         with full_precision(x.device):
-            add_to_state(fk.to(Sz.dtype), v1.to(Sz.dtype), Sz)  # Eq. 6
-            return out(read_state(fq.to(Sz.dtype), Sz).to(x.dtype).flatten(1))  # Eq. 7
+            add_to_state(fk, v1, Sz)  # Eq. 6
+            return out(read_state(fq, Sz).to(x.dtype).flatten(1))  # Eq. 7
     return linear_step

@@ -129,6 +129,15 @@ def test_the_flat_step_gives_the_model_steps_logits(case):
     assert state["pos"] == 40
 
 
+@pytest.mark.parametrize("attn", ["t2r", "elu"])
+def test_the_flat_step_of_bf16_weights_sums_in_float32_as_the_model_step_does(attn):
+    model, tokens = tiny_lm(attn, fold_it=attn == "t2r", dtype=torch.bfloat16), torch.randint(0, 60, (2, 20))
+    reference = torch.stack([model.step(t, state)[0] for state in [model.init_state(2)] for t in tokens.T], 1)
+    diff, state = step_against(reference.float(), FlatStep(model), tokens)
+    assert state["layers"][0]["self"]["Sz"].dtype == torch.float32
+    assert report(f"{attn} bf16: flat step - model.step", diff) == 0.0
+
+
 @pytest.mark.parametrize("kind", ["t2r", "softmax"])
 def test_the_flat_step_of_a_translator_equals_the_parallel_form(kind):
     model = tiny_translator(kind)
