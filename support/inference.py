@@ -36,11 +36,11 @@ class FlatStep:
     """init_state and step of a t2r.py model, giving its step's logits (tests/test_step.py holds them equal), with
     the layers' parts called as plain functions. Why: at batch 1 on a CPU each module call costs microseconds, as much
     as a small layer's arithmetic, and t2r.py's step, written to be read, makes about ten a layer; unrolled, a token
-    takes ~10% less time (results/measurements.md). The parts t2r.py defines (LayerNorm, the MLP's Linear and ReLU,
+    takes about 13% less time at batch 1 (results/measurements.md). The parts t2r.py defines (LayerNorm, the MLP's Linear and ReLU,
     multi-head softmax and linear attention) are unrolled; every other part (families.py's, after_t2r.py's windows,
     bench.py's floors) runs as its own module. Build it from the model as it will decode (folded, on its device, in its
     dtype): it holds the model's weights, not copies. A model that steps its own way (families.py's rotary positions,
-    SRU++) does not fit: it decodes with its own step (`decoder`)."""
+    SRU++) does not fit: it decodes with its own step (`eager_decoder`)."""
 
     def __init__(self, model):
         if model.training:
@@ -101,7 +101,7 @@ class FlatBlock:
 def unrolled(module: nn.Module):
     """module as a plain function of x: LayerNorm, Linear, ReLU and Sequential (without its dropout: eval mode) as
     tensor functions on the module's weights; any other module's own forward."""
-    if isinstance(module, nn.Sequential):
+    if type(module) is nn.Sequential:
         parts = [unrolled(m) for m in module if not isinstance(m, nn.Dropout)]
         return lambda x: chain(parts, x)
     if type(module) is nn.LayerNorm:
