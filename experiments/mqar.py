@@ -215,7 +215,13 @@ def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> 
         flags += ["--init", "pretrained", "--pretrained", teacher]
     if run.transfer:
         flags += ["--transfer_steps", str(size["transfer_steps"])]
-    return train_lm.get_args(flags + (["--resume"] if resume else []))
+    args = train_lm.get_args(flags + (["--resume"] if resume else []))
+    args.curriculum = curriculum_of(run, size)  # not a flag of train_lm.py's: kept in args.json beside them
+    return args
+
+
+def curriculum_of(run: Run, size: dict) -> int:  # the first steps on the shortest sequences: training from scratch only
+    return 0 if run.converted else size["curriculum"]
 
 
 def make_model(run: Run, size: dict, checkpoint, args):
@@ -252,7 +258,7 @@ def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
                             f"{os.path.join(records or '', teacher_of(run))} to train the teacher again")
         started = time.time()
         args = run_args(run, size, folder, teacher, resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
-        task = MQARTask(args, Distributed(), size["eval_sequences"], 0 if run.converted else size["curriculum"])
+        task = MQARTask(args, Distributed(), size["eval_sequences"], args.curriculum)
         checkpoint = open_run(task)
         model = make_model(run, size, checkpoint, args)
         try:
@@ -301,12 +307,14 @@ def folder_of(run: Run, out_dir: str) -> str:
 
 
 def check_planned(run: Run, size: dict, folder: str):
-    """A run folder already there (finished or not) was trained to this plan's budget and model size: a --quick run
-    is not taken for a full one, nor the other way round. Else one line, before any work."""
+    """A run folder already there (finished or not) was trained to this plan's budget, curriculum and model size: a
+    --quick run is not taken for a full one, nor the other way round. Else one line, before any work. What a file
+    does not say (no config.json, no curriculum: written before they were kept) is not checked."""
     steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
     planned = {"args.json": {"max_steps": steps, "batch_size": size["batch_size"], "lr": run.lr or size["lr"],
-                             "transfer_steps": size["transfer_steps"] if run.transfer else 0},
-               "config.json": {"n_layer": size["n_layer"], "d_model": size["d_model"]}}  # no config.json: older
+                             "transfer_steps": size["transfer_steps"] if run.transfer else 0,
+                             "curriculum": curriculum_of(run, size)},
+               "config.json": {"n_layer": size["n_layer"], "d_model": size["d_model"]}}
     for file, fields in planned.items():
         try:
             with open(os.path.join(folder, file)) as f:
@@ -316,7 +324,7 @@ def check_planned(run: Run, size: dict, folder: str):
         except (OSError, ValueError):
             raise UserError(f"{folder}/{file} is unreadable: delete {folder}, or pass another --out_dir") from None
         for name, value in fields.items():
-            if saved.get(name, 0) != value:
+            if name in saved and saved[name] != value:
                 raise UserError(f"{folder} holds {run.name} trained with {name} {saved.get(name)}, this plan's is "
                                 f"{value} (--quick or not): pass another --out_dir, or delete {folder}")
 

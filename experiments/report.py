@@ -253,7 +253,8 @@ FILES = [  # (file, one row per, its columns), the last table of the page
      "`results.json`, `args.json`, `machine.json`, `weights.json` (digests of its weights and its teacher's), and "
      "its probes' `attention.csv`, `speed.json`, a translator's `valid.hyp` and `test.hyp`; `retrained/`: the same "
      "files of its training again, where that gave other weights; `runs/mqar/`: an MQAR run's `results.json`, "
-     "`config.json` (its model), `args.json` (the training loop's flags) and `machine.json`")]
+     "`config.json` (its model), `args.json` (the training loop's flags; the curriculum's steps, where recorded) "
+     "and `machine.json`")]
 
 
 def edition(results: dict) -> str:

@@ -144,20 +144,23 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     assert (tmp_path / "mqar.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("differs", ["budget", "model"])
+@pytest.mark.parametrize("differs", ["budget", "model", "curriculum"])
 def test_a_full_plan_does_not_take_a_quick_plans_runs_for_its_own(tmp_path, differs):
     """--out_dir X after --quick --out_dir X: the quick runs' results were taken as the full table's; now one line,
-    before any work. The budget is args.json's; the model's size config.json's (a plan whose sizes changed)."""
+    before any work. The budget and the curriculum are args.json's; the model's size config.json's (a plan whose
+    sizes changed)."""
     folder = tmp_path / "x" / "softmax"
     folder.mkdir(parents=True)
     size = mqar.MQAR_SIZES["quick" if differs == "budget" else "full"]  # what the run's args.json says of its budget
+    curriculum = 5 if differs == "curriculum" else size["curriculum"]
     (folder / "args.json").write_text(json.dumps({"max_steps": size["teacher_steps"], "batch_size": size["batch_size"],
-                                                  "lr": size["lr"], "transfer_steps": 0}))
-    (folder / "config.json").write_text(json.dumps({"n_layer": size["n_layer"], "d_model": 64}))
+                                                  "lr": size["lr"], "transfer_steps": 0, "curriculum": curriculum}))
+    (folder / "config.json").write_text(json.dumps({"n_layer": size["n_layer"],
+                                                    "d_model": 64 if differs == "model" else size["d_model"]}))
     (folder / "results.json").write_text("{}")
     result = run_in_process("experiments.mqar", "--out_dir", "x", cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
-    said = f"max_steps {size['teacher_steps']}" if differs == "budget" else "d_model 64"
+    said = {"budget": f"max_steps {size['teacher_steps']}", "model": "d_model 64", "curriculum": "curriculum 5"}[differs]
     assert f"x/softmax holds softmax trained with {said}, this plan's is" in result.stderr
     assert "(--quick or not)" in result.stderr and not (tmp_path / "x" / "mqar.csv").exists()
 
