@@ -18,9 +18,10 @@ CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit",
 
 HOW_IT_MEASURES = """## How it measures
 
-- **Generation** is greedy under `torch.no_grad`, one token per step, as in generate.py (t2r.py's step
-  unrolled: support/inference.py's FlatStep). Weights are random (`--seed`) unless `--ckpt` gives them: they
-  change the tokens picked, not the time.
+- **Generation** is greedy under `torch.no_grad`, one token per step, as in generate.py: t2r.py's step unrolled
+  (support/inference.py's FlatStep), but the `_graph` and `_compiled` rows (the step recorded or compiled), the
+  window and SRU++ (their own steps) and `softmax_recompute`. Weights are random (`--seed`) unless `--ckpt` gives
+  them: they change the tokens picked, not the time.
 - **Time.** A warmup, then CUDA events (read after one synchronize) or `time.perf_counter` around every step.
   tokens/s at `length` = batch x length / (time of the first `length` steps from an empty state): one run to
   the longest length gives every shorter one. The translator runs once per length, its source as long as its

@@ -36,11 +36,12 @@ class FlatStep:
     """init_state and step of a t2r.py model, giving its step's logits (tests/test_step.py holds them equal), with
     the layers' parts called as plain functions. Why: at batch 1 on a CPU each module call costs microseconds, as much
     as a small layer's arithmetic, and t2r.py's step, written to be read, makes about ten a layer; unrolled, a token
-    takes about 13% less time at batch 1 (results/measurements.md). The parts t2r.py defines (LayerNorm, the MLP's Linear and ReLU,
-    multi-head softmax and linear attention) are unrolled; every other part (families.py's, after_t2r.py's windows,
-    bench.py's floors) runs as its own module. Build it from the model as it will decode (folded, on its device, in its
-    dtype): it holds the model's weights, not copies. A model that steps its own way (families.py's rotary positions,
-    SRU++) does not fit: it decodes with its own step (`eager_decoder`)."""
+    takes about 13% less time at batch 1 (results/measurements.md). Unrolled: torch's LayerNorm, Linear and ReLU (the
+    MLP, the head) and t2r.py's multi-head softmax and linear self-attention; the embedding, a translator's cross
+    attention and any other attention module (MQAR's convolution, bench.py's floors) run as modules. Build it from the
+    model as it will decode (folded, on its device, in its dtype): it holds the model's weights, not copies. A model
+    that steps its own way (families.py's, the window hybrid's, SRU++) does not fit: `eager_decoder` gives it its own
+    step."""
 
     def __init__(self, model):
         if model.training:
@@ -65,6 +66,8 @@ class FlatStep:
     @torch.no_grad()
     def step(self, tokens, state):
         """tokens (B,) at position state['pos'] -> logits (B, V), as model.step; updates the state in place."""
+        if self.model.training:
+            raise ValueError("FlatStep decodes: call model.eval() first (in training mode dropout would apply)")
         x = self.model.embed(tokens[:, None], start=state["pos"])[:, 0]
         for block, layer_state in zip(self.blocks, state["layers"]):
             x = block.step(x, layer_state)
@@ -133,9 +136,10 @@ def unrolled_attention(attn: nn.Module):
     def linear_step(x, state):  # LinearAttention.step: Eqs. 6-7 on [S | z]
         q, k, v1 = F.linear(x, *attn.stacked).view(x.shape[0], H, 1, -1).split([w, w, attn.d_head + 1], -1)
         (fq, fk), Sz = feature_map(q, k), state["Sz"]
-        if x.dtype != Sz.dtype:  # bf16 weights: the state and its sums in float32
+        if fk.dtype != Sz.dtype:  # bf16 weights or autocast: the state and its sums in float32
             fq, fk, v1 = widened(fq, fk, v1)
         with full_precision(x.device):
             add_to_state(fk, v1, Sz)  # Eq. 6
-            return out(read_state(fq, Sz).to(x.dtype).flatten(1))  # Eq. 7
+            attended = read_state(fq, Sz)  # Eq. 7
+        return out(attended.to(x.dtype).flatten(1))
     return linear_step

@@ -138,6 +138,16 @@ def test_the_flat_step_of_bf16_weights_sums_in_float32_as_the_model_step_does(at
     assert report(f"{attn} bf16: flat step - model.step", diff) == 0.0
 
 
+@pytest.mark.parametrize("fold_it", [False, True])
+def test_the_flat_step_under_autocast_casts_where_the_model_step_does(fold_it):
+    """float32 weights under bf16 autocast: q, k, v come out in bf16, the sums stay float32, W_o runs under autocast."""
+    model, tokens = tiny_lm(fold_it=fold_it, dtype=torch.float32), torch.randint(0, 60, (2, 15))
+    with torch.autocast("cpu", torch.bfloat16):
+        reference = torch.stack([model.step(t, state)[0] for state in [model.init_state(2)] for t in tokens.T], 1)
+        diff, _ = step_against(reference, FlatStep(model), tokens)
+    assert report(f"t2r {'folded ' if fold_it else ''}under autocast: flat step - model.step", diff) == 0.0
+
+
 @pytest.mark.parametrize("kind", ["t2r", "softmax"])
 def test_the_flat_step_of_a_translator_equals_the_parallel_form(kind):
     model = tiny_translator(kind)
@@ -176,6 +186,11 @@ def test_a_family_model_decodes_with_its_own_step(switches):  # they step their 
 def test_the_flat_step_refuses_a_model_in_training_mode():
     with pytest.raises(ValueError, match="eval"):
         FlatStep(tiny_lm().train())
+    model = tiny_lm()
+    flat, state = FlatStep(model), model.init_state(1)
+    model.train()  # after it was built: dropout would apply to the embedding alone
+    with pytest.raises(ValueError, match="eval"):
+        flat.step(torch.zeros(1, dtype=torch.long), state)
 
 
 def test_the_compiled_layers_have_no_graph_break():
