@@ -223,7 +223,8 @@ def decode_speed(model, tokenizer, sentences: list, device, batch_size: int = 16
         seconds += time.perf_counter() - t0
         tokens += sum(len(h) + 1 for h in hyps)  # + </s>
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else float("nan"),
-            "sentences": len(ids), "batch_size": batch_size, "beam": beam}
+            "sentences": len(ids), "batch_size": batch_size, "beam": beam,
+            "step": type(decoder).__name__}  # FlatStep: t2r.py's step unrolled; a model's name: its own step
 
 
 def load_run(out_dir: str, device, max_sentences: int = 0):
