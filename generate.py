@@ -11,8 +11,8 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
 
 The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
-logits without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R checkpoints
-are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+logits, its layers without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R
+checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
 values of their attention layers.
 """
