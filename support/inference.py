@@ -37,8 +37,8 @@ class FlatStep:
     the layers' parts called as plain functions. Why: at batch 1 on a CPU each module call costs microseconds, as much
     as a small layer's arithmetic, and t2r.py's step, written to be read, makes about ten a layer; unrolled, a token
     takes about 13% less time at batch 1 (results/measurements.md). Unrolled: torch's LayerNorm, Linear and ReLU (the
-    MLP, the head) and t2r.py's multi-head softmax and linear self-attention; the embedding, a translator's cross
-    attention and any other attention module (MQAR's convolution, bench.py's floors) run as modules. Build it from the
+    MLP, the head) and t2r.py's multi-head softmax and linear attention, self and cross; the embedding and any other
+    attention module (MQAR's convolution, bench.py's floors) run as modules. Build it from the
     model as it will decode (folded, on its device, in its dtype): it holds the model's weights, not copies. A model
     that steps its own way (families.py's, the window hybrid's, SRU++) does not fit: `eager_decoder` gives it its own
     step."""
@@ -87,9 +87,9 @@ class FlatBlock:
         self.pre_norm, self.ffn = block.pre_norm, unrolled(block.ffn)
         self.norm1, self.norm2 = unrolled(block.norm1), unrolled(block.norm2)
         self.self_attn = unrolled_attention(block.self_attn)
-        self.cross_attn, self.norm_cross = None, None  # a translator's decoder: cross attention as t2r.py steps it
+        self.cross_attn, self.norm_cross = None, None  # a translator's decoder: attention over the source
         if block.cross_attn is not None:
-            self.cross_attn, self.norm_cross = block.cross_attn.step_cross, unrolled(block.norm_cross)
+            self.cross_attn, self.norm_cross = unrolled_cross_attention(block.cross_attn), unrolled(block.norm_cross)
 
     def sublayer(self, x, norm, sublayer, *state):
         return x + sublayer(norm(x), *state) if self.pre_norm else norm(x + sublayer(x, *state))
@@ -143,3 +143,24 @@ def unrolled_attention(attn: nn.Module):
             attended = read_state(fq, Sz)  # Eq. 7
         return out(attended.to(x.dtype).flatten(1))
     return linear_step
+
+
+def unrolled_cross_attention(attn: nn.Module):
+    """t2r.py's step_cross (x (B, h), the source's state) -> (B, h): softmax over the source's keys and values, or
+    Eq. 7 on the source's [S | z]; another module runs its own."""
+    if type(attn) not in (SoftmaxAttention, LinearAttention):
+        return attn.step_cross
+    H, query, out = attn.n_head, unrolled(attn.q_proj), unrolled(attn.out_proj)
+    if type(attn) is SoftmaxAttention:
+        def softmax_cross(x, state):  # SoftmaxAttention.step_cross
+            q = query(x).view(x.shape[0], H, 1, -1)
+            return out(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]).flatten(1))
+        return softmax_cross
+    feature_map = attn.feature_map.forward
+
+    def linear_cross(x, state):  # LinearAttention.step_cross
+        (fq,) = feature_map(query(x).view(x.shape[0], H, 1, -1))
+        with full_precision(x.device):
+            attended = read_state(*widened(fq), state["Sz"])  # Eq. 7
+        return out(attended.to(x.dtype).flatten(1))
+    return linear_cross

@@ -148,7 +148,7 @@ def test_the_flat_step_under_autocast_casts_where_the_model_step_does(fold_it):
     assert report(f"t2r {'folded ' if fold_it else ''}under autocast: flat step - model.step", diff) == 0.0
 
 
-@pytest.mark.parametrize("kind", ["t2r", "softmax"])
+@pytest.mark.parametrize("kind", ["t2r", "softmax", "elu"])
 def test_the_flat_step_of_a_translator_equals_the_parallel_form(kind):
     model = tiny_translator(kind)
     model = fold(model) if kind == "t2r" else model
@@ -160,11 +160,13 @@ def test_the_flat_step_of_a_translator_equals_the_parallel_form(kind):
 
 
 @pytest.mark.parametrize("attn", ["t2r", "softmax"])
-def test_the_flat_step_calls_no_module_of_t2r_py_but_the_embedding(attn):
-    """What makes it faster: of t2r.py's modules only the embedding (and its table) is called; the layers and the
-    head are tensor functions on the same weights."""
-    model, called = tiny_lm(attn, fold_it=attn == "t2r"), []
-    flat, state = FlatStep(model), model.init_state(1)
+@pytest.mark.parametrize("model_kind", ["LM", "translator"])
+def test_the_flat_step_calls_no_module_of_t2r_py_but_the_embedding(attn, model_kind):
+    """What makes it faster: of t2r.py's modules only the embedding (and its table) is called; the layers, the
+    translator's cross attention and the head are tensor functions on the same weights."""
+    model = tiny_lm(attn, fold_it=attn == "t2r") if model_kind == "LM" else tiny_translator(attn)
+    flat, called = FlatStep(fold(model) if attn == "t2r" and model_kind != "LM" else model), []
+    state = flat.init_state(1 if model_kind == "LM" else torch.randint(1, 23, (1, 5)))
     hook = torch.nn.modules.module.register_module_forward_hook(lambda module, *_: called.append(type(module).__name__))
     try:
         flat.step(torch.zeros(1, dtype=torch.long), state)
