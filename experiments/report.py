@@ -338,9 +338,9 @@ def summary_page(results: dict, claims: list, controls: list, link: str) -> list
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
-             *partial_banner(results["machine"]), f"{headline(claims, controls)}: {scope(results)}.",
+             f"{headline(claims, controls)}: {scope(results)}.",
              f"Tables, plots, every claim and where each run ran: [{link}]({link}).", "",
-             "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
+             *partial_banner(results["machine"]), "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
         ppl = [r["test_ppl"] for r in group(lm, model=model, init=init)]
         bleu = group(mt, model=model, init=init)
