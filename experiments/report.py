@@ -340,7 +340,8 @@ def summary_page(results: dict, claims: list, controls: list, link: str) -> list
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
              f"{headline(claims, controls)}: {scope(results)}.",
              f"Tables, plots, every claim and where each run ran: [{link}]({link}).", "",
-             *partial_banner(results["machine"]), "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
+             *partial_banner(results["machine"]),  # while runs are missing: under the two lines the README quotes
+             "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
         ppl = [r["test_ppl"] for r in group(lm, model=model, init=init)]
         bleu = group(mt, model=model, init=init)

@@ -36,21 +36,24 @@ class FlatStep:
     """init_state and step of a t2r.py model, giving its step's logits (tests/test_step.py holds them equal), with
     the layers' parts called as plain functions. Why: at batch 1 on a CPU each module call costs microseconds, as much
     as a small layer's arithmetic, and t2r.py's step, written to be read, makes about ten a layer; unrolled, a token
-    takes about 13% less time at batch 1 (results/measurements.md). Unrolled: torch's LayerNorm, Linear and ReLU (the
+    takes about 14% less time at batch 1 (results/measurements.md). Unrolled: torch's LayerNorm, Linear and ReLU (the
     MLP, the head) and t2r.py's multi-head softmax and linear attention, self and cross; the embedding and any other
-    attention module (MQAR's convolution, bench.py's floors) run as modules. Build it from the
-    model as it will decode (folded, on its device, in its dtype): it holds the model's weights, not copies. A model
-    that steps its own way (families.py's, the window hybrid's, SRU++) does not fit: `eager_decoder` gives it its own
-    step."""
+    attention module (MQAR's convolution, bench.py's floors) run as modules. Build it from the model as it will decode
+    (folded, on its device, in its dtype): it holds the model's weights, not copies. A model that steps its own way
+    (families.py's, the window hybrid's, SRU++) does not fit: `eager_decoder` gives it its own step."""
 
     def __init__(self, model):
         if model.training:
             raise ValueError("FlatStep decodes: call model.eval() first (it leaves dropout out)")
         if not self.fits(model):
             raise ValueError(f"FlatStep unrolls t2r.py's step: {type(model).__name__} steps its own way")
-        self.model, self.config = model, model.config
+        self.model = model
         self.blocks = [FlatBlock(layer) for layer in model.layers]
         self.final_norm, self.lm_head = unrolled(model.final_norm), unrolled(model.lm_head)
+
+    @property
+    def config(self):  # the model's (bench.py reads a decoder's)
+        return self.model.config
 
     @staticmethod
     def fits(model) -> bool:  # whether model steps as t2r.py's models do (its layers' parts may be others')
@@ -77,7 +80,7 @@ class FlatStep:
 
 def eager_decoder(model):
     """What decodes model eagerly: FlatStep where it fits, else the model's own step."""
-    return FlatStep(model) if FlatStep.fits(model) and not model.training else model
+    return FlatStep(model) if FlatStep.fits(model) else model
 
 
 class FlatBlock:

@@ -388,7 +388,8 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
                       "5", cwd=tmp)
     assert result.returncode == 0, result.stderr
-    assert "t2r.py's step, unrolled" in result.stdout and len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
+    assert "t2r.py's step, unrolled" in result.stdout
+    assert len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
 
 
 # -----------------------------------------------------------------------------
