@@ -197,10 +197,16 @@ def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
              "scratch for the teacher's and the finetuning's steps together (test ppl)")
     if None in (converted, longer):
         return claim, "not compared at equal budgets", "running: its runs are not all finished", NOT_MEASURED
-    noise, missing = spread(a) + spread(b, "random"), (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
+    # at twice the budget a side with one seed has no spread of its own: it takes its 1x model's seeds' spread
+    sides = [(m if seeds(m, init) > 1 or not suffix else m.removesuffix(suffix), init)
+             for m, init in ((a, "pretrained"), (b, "random"))]
+    noise = sum(spread(m, init) for m, init in sides)
+    borrowed = ", the 1x seeds'" if (sides[0][0], sides[1][0]) != (a, b) else ""
+    missing = (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
     running = f"; {missing} more seed{'s' * (missing > 1)} of it running" if missing > 0 else ""
     return (claim, "not compared at equal budgets", f"{converted:.2f} ({seeds(a, 'pretrained')} seeds) vs "
-            f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}){running}", ordering(converted, longer, noise))
+            f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}{borrowed}){running}",
+            ordering(converted, longer, noise))
 
 
 # -----------------------------------------------------------------------------

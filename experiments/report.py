@@ -299,7 +299,8 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "## The study's controls and ablations", "",
             "Checks the paper did not make: T2R + pretrain against T2R from scratch for the same total steps (three "
             "seeds, and once at twice every budget), against the teacher trained on for the finetuning's steps, and "
-            "the 75% hybrid's other reading (the top layer kept).", "", *claims_table(controls), "",
+            "the 75% hybrid's other reading (the top layer kept). At twice the budget a side with one seed takes its "
+            "1x seeds' spread.", "", *claims_table(controls), "",
             *equal_budget_section(results, figure), verdict_legend(), "",
             "## Where and when", "",
             f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "

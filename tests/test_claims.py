@@ -265,13 +265,25 @@ def test_pretraining_at_equal_total_steps_is_judged_against_the_seeds_of_both(lo
 
 
 @pytest.mark.parametrize("converted, scratch, expected", [(None, None, None), (104.0, 110.0, "yes"),
-                                                          (112.0, 110.0, "**no**")])
+                                                          (112.0, 110.0, "within noise"), (113.0, 110.0, "**no**")])
 def test_the_doubled_budget_is_judged_apart_once_its_runs_exist(converted, scratch, expected):
-    rows = [lm_row("t2r", "pretrained", 130.0), lm_row(claims.LONGER, "random", 125.0)]
+    """One seed a side at twice the budget: each side takes its 1x seeds' spread (1 and 1 here)."""
+    rows = [lm_row("t2r", "pretrained", 129.0 + s, s) for s in (0, 2)]
+    rows += [lm_row(claims.LONGER, "random", 124.0 + s, s) for s in (0, 2)]
     rows += [] if converted is None else [lm_row(f"t2r-{claims.DOUBLED}", "pretrained", converted),
                                           lm_row(f"{claims.LONGER}-{claims.DOUBLED}", "random", scratch)]
     doubled = [c for c in claims.lm_controls(rows) if "twice every budget" in c[0]]
     assert [c[3] for c in doubled] == [claims.NOT_MEASURED if expected is None else expected], doubled
+    assert expected is None or "(spread 2.00, the 1x seeds')" in doubled[0][2], doubled
+
+
+def test_the_doubled_budget_uses_its_own_spread_where_it_has_seeds():
+    rows = [lm_row("t2r", "pretrained", 129.0 + 4 * s, s) for s in (0, 1)]  # 1x spread 2: not used at 2x
+    rows += [lm_row(f"t2r-{claims.DOUBLED}", "pretrained", v, s) for s, v in enumerate((111.75, 112.25))]  # 0.25
+    rows += [lm_row(claims.LONGER, "random", v, s) for s, v in enumerate((124.0, 125.0))]  # 0.5, borrowed at 2x
+    rows += [lm_row(f"{claims.LONGER}-{claims.DOUBLED}", "random", 110.0)]
+    (doubled,) = [c for c in claims.lm_controls(rows) if "twice every budget" in c[0]]
+    assert doubled[3] == "**no**" and "(spread 0.75, the 1x seeds')" in doubled[2], doubled
 
 
 def test_lm_claims_say_no_within_noise_and_not_applicable():
