@@ -204,7 +204,8 @@ def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
     borrowed = ", the 1x seeds'" if (sides[0][0], sides[1][0]) != (a, b) else ""
     missing = (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
     running = f"; {missing} more seed{'s' * (missing > 1)} of it running" if missing > 0 else ""
-    return (claim, "not compared at equal budgets", f"{converted:.2f} ({seeds(a, 'pretrained')} seeds) vs "
+    n = seeds(a, "pretrained")
+    return (claim, "not compared at equal budgets", f"{converted:.2f} ({n} seed{'s' * (n > 1)}) vs "
             f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}{borrowed}){running}",
             ordering(converted, longer, noise))
 

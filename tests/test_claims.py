@@ -274,7 +274,8 @@ def test_the_doubled_budget_is_judged_apart_once_its_runs_exist(converted, scrat
                                           lm_row(f"{claims.LONGER}-{claims.DOUBLED}", "random", scratch)]
     doubled = [c for c in claims.lm_controls(rows) if "twice every budget" in c[0]]
     assert [c[3] for c in doubled] == [claims.NOT_MEASURED if expected is None else expected], doubled
-    assert expected is None or "(spread 2.00, the 1x seeds')" in doubled[0][2], doubled
+    assert expected is None or f"{converted:.2f} (1 seed) vs {scratch:.2f} (1) (spread 2.00, the 1x seeds')" in \
+        doubled[0][2], doubled
 
 
 def test_the_doubled_budget_uses_its_own_spread_where_it_has_seeds():
