@@ -5,11 +5,15 @@ machine and date at its foot:
     feature_size.png     Fig. 4 at CPU scale: validation perplexity against k
     attention.png        Figs. 5 and 6: distance to the teacher's attention, and its entropy, against k
     learning_curves.png  validation perplexity against training tokens, conversions starting where the teacher ends
-    mqar.png             what a fixed state forgets: MQAR accuracy against the pairs held, and against the state's bytes
+    mqar.png             what a fixed state forgets: MQAR accuracy against the pairs held (converted, transfer first,
+                         a short convolution, from scratch), and against the state's bytes
     equal_budget.png     T2R + pretrain against T2R from scratch for the same total steps, at each budget, every seed
 """
 
 import math
+import re
+import textwrap
+
 from experiments.claims import model_name
 from experiments.verdicts import group
 from support.runtime import atomic_write
@@ -30,8 +34,10 @@ def log2_axis(ax, ticks: list, label: str):
 
 
 def save(plt, fig, footer: str, path: str):
-    fig.text(0.01, 0.01, footer, fontsize=6, color="gray")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    # the footer (command, machines, dates) wrapped to the figure's width: at 6 points about 22 characters an inch
+    lines = textwrap.wrap(footer, width=int(22 * fig.get_figwidth()))
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, (0.03 + 0.1 * len(lines)) / fig.get_figheight(), 1, 1))
     with atomic_write(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
@@ -114,25 +120,45 @@ def plot_learning_curves(curves: list, footer: str, path: str):
     save(plt, fig, footer, path)
 
 
+MQAR_PANELS = ("converted (dashed: a softmax window beside)", "transfer first (dotted: before finetuning)",
+               "+ a short convolution (dashed: transfer too)", "from scratch, the best lr (dashed: + conv)")
+
+
+def mqar_panel(model: str) -> int:
+    """Which of MQAR_PANELS a row of results/mqar.csv is drawn in, from its model's name."""
+    return 3 if "from scratch" in model else 2 if "+conv" in model else 1 if "+transfer" in model else 0
+
+
+def mqar_style(model: str) -> dict:
+    """A line's colour by its state (T2R's k; the teacher black, SRU++ grey); dashed or dotted as MQAR_PANELS say."""
+    k = re.match(r"t2r(\d+)", model)
+    color = f"C{[8, 16, 32, 64].index(int(k[1])) % 10}" if k and k[1] in ("8", "16", "32", "64") else \
+        "gray" if model.startswith("sru") else "black"
+    dashed = "window" in model or "transfer+conv" in model or "scratch+conv" in model
+    return dict(color=color, marker="os^v"[mqar_panel(model)],
+                linestyle=":" if "before finetuning" in model else "--" if dashed else "-")
+
+
 def plot_mqar(rows: list, footer: str, path: str):
-    """MQAR (experiments/mqar.py): accuracy against the pairs a sequence holds, one line per model; and at the most
-    pairs, against the bytes of the model's generation state there (a KV cache grows, a T2R state does not)."""
-    plt, fig, (left, right) = new_figure(2, 11)
+    """MQAR (experiments/mqar.py): accuracy against the pairs a sequence holds, one line per model, in four panels
+    (converted; transfer first; a short convolution; from scratch); and at the most pairs, against the bytes of the
+    model's generation state there (a KV cache grows, a T2R state does not)."""
+    plt, fig, axes = new_figure(3, 15, nrows=2)
     pairs = sorted({r["pairs"] for r in rows})
-    for i, model in enumerate(dict.fromkeys(r["model"] for r in rows)):
-        mine = sorted(group(rows, model=model), key=lambda r: r["pairs"])
-        style = dict(color=f"C{i % 10}", marker="os^v"[i // 10 % 4])
-        left.plot([r["pairs"] for r in mine], [r["accuracy"] for r in mine], label=model, **style)
-        last = mine[-1]
-        right.scatter([last["state_bytes"]], [last["accuracy"]], **style)
-        right.annotate(model, (last["state_bytes"], last["accuracy"]), fontsize=6)
-    log2_axis(left, pairs, "key-value pairs in the sequence")
-    left.set_ylabel("recall accuracy")
-    left.set_title("MQAR: accuracy against the pairs to hold")
-    left.legend(fontsize=6, ncol=2)
-    right.set_xscale("log")
-    right.set_xlabel(f"bytes of the generation state at the end of a sequence of {pairs[-1]} pairs (batch 1)")
-    right.set_title(f"at {pairs[-1]} pairs: accuracy against the state's size")
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine, style = sorted(group(rows, model=model), key=lambda r: r["pairs"]), mqar_style(model)
+        axes[mqar_panel(model)].plot([r["pairs"] for r in mine], [r["accuracy"] for r in mine], label=model, **style)
+        axes[4].scatter([mine[-1]["state_bytes"]], [mine[-1]["accuracy"]], color=style["color"],
+                        marker=style["marker"])
+    for ax, title in zip(axes, MQAR_PANELS):
+        log2_axis(ax, pairs, "key-value pairs in the sequence")
+        ax.set(ylabel="recall accuracy", title=title, ylim=(-0.03, 1.03))
+        if ax.lines:  # a panel may be empty (a plan without its runs)
+            ax.legend(fontsize=6, loc="best")
+    axes[4].set_xscale("log")
+    axes[4].set(xlabel=f"bytes of the generation state after {pairs[-1]} pairs (batch 1)", ylabel="recall accuracy",
+                title=f"at {pairs[-1]} pairs, against the state's size (markers: the panels')")
+    axes[5].axis("off")
     save(plt, fig, footer, path)
 
 
