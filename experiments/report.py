@@ -320,7 +320,8 @@ def scope(results: dict) -> str:
              f"{mt['n_encoder_layer']}+{mt['n_layer']})"]
     seeds = sorted({len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER} - {0})
     if seeds:
-        words.append(f"{' or '.join(map(str, seeds))} seed{'s' * (seeds[-1] > 1)}")
+        counts = " or ".join(map(str, seeds)) if len(seeds) < 3 else f"{seeds[0]} to {seeds[-1]}"
+        words.append(f"{counts} seed{'s' * (seeds[-1] > 1)}")
     checks = convergence_checks(results.get("curves", []))
     unconverged = [name for name, _, verdict in checks if verdict != "converged"]
     if checks and not unconverged:

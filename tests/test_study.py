@@ -495,3 +495,11 @@ def test_the_page_gives_the_sizes_and_budgets_of_the_edition_that_ran(command, e
     size = study.LM_SIZES[edition]
     assert f"| 1x | {size['pretrain_steps'] + size['finetune_steps']:,} |" in table[2]
     assert f"d_model {size['model']['d_model']}," in study_report.model_sizes(study_report.edition(results))
+
+
+@pytest.mark.parametrize("seeds, words", [((1,), ", 1 seed"), ((1, 2), "1 or 2 seeds"), ((1, 2, 3), "1 to 3 seeds")])
+def test_the_headline_scope_says_how_many_seeds_the_models_have(seeds, words):
+    rows = [dict(model=model, init="random", seed=seed, test_ppl=130.0)
+            for model, n in zip(("t2r", "softmax", study.LONGER), seeds) for seed in range(n)]
+    text = study_report.scope({"lm": rows, "machine": {"command": "bash experiments/reproduce.sh"}})
+    assert text.endswith(words), text  # no learning curves here: nothing about the teachers follows
