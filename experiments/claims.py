@@ -197,9 +197,7 @@ def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
              "scratch for the teacher's and the finetuning's steps together (test ppl)")
     if None in (converted, longer):
         return claim, "not compared at equal budgets", "running: its runs are not all finished", NOT_MEASURED
-    # at twice the budget a side with one seed has no spread of its own: it takes its 1x model's seeds' spread
-    sides = [(m if seeds(m, init) > 1 or not suffix else m.removesuffix(suffix), init)
-             for m, init in ((a, "pretrained"), (b, "random"))]
+    sides = equal_budget_sides(seeds, suffix)
     noise = sum(spread(m, init) for m, init in sides)
     borrowed = ", the 1x seeds'" if (sides[0][0], sides[1][0]) != (a, b) else ""
     missing = (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
@@ -208,6 +206,27 @@ def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
     return (claim, "not compared at equal budgets", f"{converted:.2f} ({n} seed{'s' * (n > 1)}) vs "
             f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}{borrowed}){running}",
             ordering(converted, longer, noise))
+
+
+def equal_budget_sides(seeds, suffix: str) -> list:
+    """The (model, init) whose seeds' spreads add up to the equal-budget check's noise: T2R + pretrain's and T2R from
+    scratch's; at twice the budget a side with one seed has no spread of its own and takes its 1x model's."""
+    return [(m if seeds(m, init) > 1 or not suffix else m.removesuffix(suffix), init)
+            for m, init in ((f"t2r{suffix}", "pretrained"), (f"{LONGER}{suffix}", "random"))]
+
+
+def equal_budget_gaps(lm: list) -> list:
+    """(budget multiple, T2R + pretrain's mean test ppl minus from scratch's, the noise the check holds it against),
+    for each budget whose two sides have run: what equal_budget.png draws beside the seeds."""
+    test, spread, _ = lm_readers(lm)
+    seeds = lambda model, init: len(group(lm, model=model, init=init))
+    gaps = []
+    for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}")):
+        converted, scratch = test(f"t2r{suffix}", "pretrained"), test(f"{LONGER}{suffix}", "random")
+        if None not in (converted, scratch):
+            noise = sum(spread(m, init) for m, init in equal_budget_sides(seeds, suffix))
+            gaps.append((multiple, converted - scratch, noise))
+    return gaps
 
 
 # -----------------------------------------------------------------------------

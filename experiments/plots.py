@@ -7,7 +7,8 @@ machine and date at its foot:
     learning_curves.png  validation perplexity against training tokens, conversions starting where the teacher ends
     mqar.png             what a fixed state forgets: MQAR accuracy against the pairs held (converted, transfer first,
                          a short convolution, from scratch), and against the state's bytes
-    equal_budget.png     T2R + pretrain against T2R from scratch for the same total steps, at each budget, every seed
+    equal_budget.png     T2R + pretrain against T2R from scratch for the same total steps, at each budget, every seed;
+                         and their gap against the seeds' spread
 """
 
 import math
@@ -162,17 +163,25 @@ def plot_mqar(rows: list, footer: str, path: str):
     save(plt, fig, footer, path)
 
 
-def plot_equal_budget(points: list, footer: str, path: str):
-    """points: (budget multiple, the conversion's seeds' test ppl, from scratch's), as report.budget_points gives."""
-    plt, fig, (ax,) = new_figure(1, 5)
+def plot_equal_budget(points: list, gaps: list, footer: str, path: str):
+    """points: (budget multiple, the conversion's seeds' test ppl, from scratch's), as report.budget_points gives;
+    gaps: (budget multiple, the conversion's mean minus from scratch's, the check's noise), claims.equal_budget_gaps."""
+    plt, fig, (ax, right) = new_figure(2, 10)
     for i, (name, style) in enumerate((("T2R + pretrain (teacher, then finetuning)", "o-"),
                                        ("T2R from scratch, the same total steps", "s--"))):
         seen = [(budget, runs[i]) for budget, *runs in points if runs[i]]
         for budget, ppl in seen:
             ax.plot([budget] * len(ppl), ppl, style[0], color=f"C{i}", alpha=0.5)
         ax.plot([b for b, _ in seen], [sum(p) / len(p) for _, p in seen], style, color=f"C{i}", label=name)
-    ax.set_xticks(sorted({p[0] for p in points}), [f"{p[0]}x" for p in sorted(points)])
-    ax.set_xlabel("budget (1x: the study's teacher and finetuning steps)")
-    ax.set_ylabel("PTB test perplexity (each seed; line: mean)")
+    ax.set_ylabel("PTB test perplexity")
     ax.legend(fontsize=7)
+    right.axhline(0, color="gray", linewidth=0.8)
+    right.errorbar([b for b, _, _ in gaps], [g for _, g, _ in gaps], yerr=[n for _, _, n in gaps], fmt="o-",
+                   color="C2", capsize=4)
+    right.set_ylabel("T2R + pretrain minus from scratch (test ppl)")
+    right.set_title("the gap; above 0: from scratch better;\nbars: the seeds' spread, as the check's", fontsize=9)
+    ax.set_title("each seed; the line: their mean", fontsize=9)
+    for axis in (ax, right):
+        axis.set_xticks(sorted({p[0] for p in points}), [f"{p[0]}x" for p in sorted(points)])
+        axis.set_xlabel("budget (1x: the study's teacher and finetuning steps)")
     save(plt, fig, footer, path)

@@ -25,7 +25,7 @@ import os
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, all_controls,
-                                convergence_checks, model_name, verdict_legend)
+                                convergence_checks, equal_budget_gaps, model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
@@ -379,7 +379,8 @@ def write_report(results_dir: str):
         if rows:
             plot(rows, *extra, footer, os.path.join(results_dir, name))
     if budget_points(results["lm"]):
-        plot_equal_budget(budget_points(results["lm"]), footer, os.path.join(results_dir, "equal_budget.png"))
+        plot_equal_budget(budget_points(results["lm"]), equal_budget_gaps(results["lm"]), footer,
+                          os.path.join(results_dir, "equal_budget.png"))
     if results["mqar"]:
         plot_mqar(selected(results["mqar"]), mqar_provenance(results["mqar_machine"]).replace("`", ""),
                   os.path.join(results_dir, "mqar.png"))

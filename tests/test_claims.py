@@ -287,6 +287,16 @@ def test_the_doubled_budget_uses_its_own_spread_where_it_has_seeds():
     assert doubled[3] == "**no**" and "(spread 0.75, the 1x seeds')" in doubled[2], doubled
 
 
+@pytest.mark.parametrize("doubled, expected", [(False, [(1, 5.0, 2.0)]), (True, [(1, 5.0, 2.0), (2, 2.0, 2.0)])])
+def test_the_equal_budget_gaps_are_the_checks_numbers(doubled, expected):
+    """What equal_budget.png draws: each budget's gap and the noise its check holds it against (2x: borrowed)."""
+    rows = [lm_row("t2r", "pretrained", 129.0 + s, s) for s in (0, 2)]  # 130 ± 1
+    rows += [lm_row(claims.LONGER, "random", 124.0 + s, s) for s in (0, 2)]  # 125 ± 1
+    rows += [lm_row(f"t2r-{claims.DOUBLED}", "pretrained", 112.0),
+             lm_row(f"{claims.LONGER}-{claims.DOUBLED}", "random", 110.0)] if doubled else []
+    assert claims.equal_budget_gaps(rows) == expected
+
+
 def test_lm_claims_say_no_within_noise_and_not_applicable():
     base = [lm_row("softmax", "random", 120.0), lm_row("t2r", "random", 130.0), lm_row("elu", "random", 131.0),
             lm_row("rfa", "random", 132.0), lm_row("t2r75", "pretrained", 115.0)]
