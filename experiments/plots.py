@@ -132,9 +132,8 @@ def mqar_panel(model: str) -> int:
 
 def mqar_style(model: str) -> dict:
     """A line's colour by its state (T2R's k; the teacher black, SRU++ grey); dashed or dotted as MQAR_PANELS say."""
-    k = re.match(r"t2r(\d+)", model)
-    color = f"C{[8, 16, 32, 64].index(int(k[1])) % 10}" if k and k[1] in ("8", "16", "32", "64") else \
-        "gray" if model.startswith("sru") else "black"
+    k, ks = re.match(r"t2r(\d+)", model), (8, 16, 32, 64)
+    color = f"C{ks.index(int(k[1]))}" if k and int(k[1]) in ks else "gray" if model.startswith("sru") else "black"
     dashed = "window" in model or "transfer+conv" in model or "scratch+conv" in model
     return dict(color=color, marker="os^v"[mqar_panel(model)],
                 linestyle=":" if "before finetuning" in model else "--" if dashed else "-")
