@@ -159,8 +159,7 @@ def lm_controls(lm: list) -> list:
     steps (three seeds; and at twice every budget), the gap to the teacher trained on for the finetuning's steps
     (the softmax control) and the 75% hybrid closing it, and the other reading of the hybrid (the top layer kept)."""
     test, spread, paper = lm_readers(lm)
-    seeds = lambda model, init: len(group(lm, model=model, init=init))
-    checks = [equal_budget_check(test, spread, seeds, suffix) for suffix in ("", f"-{DOUBLED}")]
+    checks = [equal_budget_check(lm, suffix) for suffix in ("", f"-{DOUBLED}")]
     control, teacher, t2r = test("softmax", "pretrained"), test("softmax", "random"), test("t2r", "pretrained")
     if None in (control, t2r):
         return checks
@@ -188,45 +187,42 @@ def lm_controls(lm: list) -> list:
     return checks
 
 
-def equal_budget_check(test, spread, seeds, suffix: str) -> tuple:
+def equal_budget_check(lm: list, suffix: str) -> tuple:
     """T2R + pretrain against T2R from scratch for the teacher's and the finetuning's steps together: the gap
     against the seeds' spread of both (suffix "-2x": at twice every budget), with how many seeds each side has."""
-    (a, b), budget = (f"t2r{suffix}", f"{LONGER}{suffix}"), ", at twice every budget" if suffix else ""
-    converted, longer = test(a, "pretrained"), test(b, "random")
+    budget = ", at twice every budget" if suffix else ""
     claim = (f"pretraining helps T2R at equal total steps{budget}: converted and finetuned it beats T2R trained from "
              "scratch for the teacher's and the finetuning's steps together (test ppl)")
-    if None in (converted, longer):
+    numbers = equal_budget_numbers(lm, suffix)
+    if numbers is None:
         return claim, "not compared at equal budgets", "running: its runs are not all finished", NOT_MEASURED
-    sides = equal_budget_sides(seeds, suffix)
-    noise = sum(spread(m, init) for m, init in sides)
-    borrowed = ", the 1x seeds'" if (sides[0][0], sides[1][0]) != (a, b) else ""
-    missing = (1 if suffix else len(LONGER_SEEDS)) - seeds(b, "random")
+    converted, scratch, noise, borrowed, (n, m) = numbers
+    missing = (1 if suffix else len(LONGER_SEEDS)) - m
     running = f"; {missing} more seed{'s' * (missing > 1)} of it running" if missing > 0 else ""
-    n = seeds(a, "pretrained")
-    return (claim, "not compared at equal budgets", f"{converted:.2f} ({n} seed{'s' * (n > 1)}) vs "
-            f"{longer:.2f} ({seeds(b, 'random')}) (spread {noise:.2f}{borrowed}){running}",
-            ordering(converted, longer, noise))
+    spread = f"spread {noise:.2f}" + (", the 1x seeds'" if borrowed else "")
+    return (claim, "not compared at equal budgets", f"{converted:.2f} ({n} seed{'s' * (n > 1)}) vs {scratch:.2f} "
+            f"({m}) ({spread}){running}", ordering(converted, scratch, noise))
 
 
-def equal_budget_sides(seeds, suffix: str) -> list:
-    """The (model, init) whose seeds' spreads add up to the equal-budget check's noise: T2R + pretrain's and T2R from
-    scratch's; at twice the budget a side with one seed has no spread of its own and takes its 1x model's."""
-    return [(m if seeds(m, init) > 1 or not suffix else m.removesuffix(suffix), init)
-            for m, init in ((f"t2r{suffix}", "pretrained"), (f"{LONGER}{suffix}", "random"))]
+def equal_budget_numbers(lm: list, suffix: str) -> tuple | None:
+    """(T2R + pretrain's mean test ppl, T2R from scratch's, the noise: their seeds' spreads added, whether a side
+    took its 1x model's spread, each side's seeds); None until both sides have run. At twice the budget (suffix
+    "-2x") a side with one seed has no spread of its own: it takes its 1x model's."""
+    test, spread, _ = lm_readers(lm)
+    sides = [(f"t2r{suffix}", "pretrained"), (f"{LONGER}{suffix}", "random")]
+    means, seeds = [test(*side) for side in sides], [len(group(lm, model=m, init=i)) for m, i in sides]
+    if None in means:
+        return None
+    borrowed = [bool(suffix) and n == 1 for n in seeds]
+    noise = sum(spread(m.removesuffix(suffix) if b else m, i) for (m, i), b in zip(sides, borrowed))
+    return means[0], means[1], noise, any(borrowed), tuple(seeds)
 
 
 def equal_budget_gaps(lm: list) -> list:
     """(budget multiple, T2R + pretrain's mean test ppl minus from scratch's, the noise the check holds it against),
     for each budget whose two sides have run: what equal_budget.png draws beside the seeds."""
-    test, spread, _ = lm_readers(lm)
-    seeds = lambda model, init: len(group(lm, model=model, init=init))
-    gaps = []
-    for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}")):
-        converted, scratch = test(f"t2r{suffix}", "pretrained"), test(f"{LONGER}{suffix}", "random")
-        if None not in (converted, scratch):
-            noise = sum(spread(m, init) for m, init in equal_budget_sides(seeds, suffix))
-            gaps.append((multiple, converted - scratch, noise))
-    return gaps
+    numbers = [(multiple, equal_budget_numbers(lm, suffix)) for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}"))]
+    return [(multiple, n[0] - n[1], n[2]) for multiple, n in numbers if n is not None]
 
 
 # -----------------------------------------------------------------------------
