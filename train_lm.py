@@ -33,8 +33,8 @@ from support.configs import build_model, config_of, feature_sizes
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
                          adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
                          conversion_errors, finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name,
-                         needs_teacher, new_model, print_conversion_table, processes, resolve_run_flags,
-                         teacher_run_args, trained_on)
+                         needs_teacher, new_model, print_conversion_table, print_flags, processes,
+                         resolve_run_flags, teacher_run_args, trained_on)
 from support.run_files import data_identity, evaluate_finished, open_finished, open_run
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, increasing_ints,
                              non_negative_int, positive_int, run_main, unit_interval, write_json)
@@ -196,7 +196,8 @@ def train_run(args, ddp) -> dict:
         teacher_results = train_run(teacher_run_args(args, SCHEDULES, LMTask.teacher_overrides(args)), ddp)
     task = LMTask(args, ddp)
     checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
-    task.load_data(checkpoint)
+    task.load_data(checkpoint)  # may fit --block_size and --eval_context to a checkpoint's positions
+    print_flags(args, ddp)
     torch.manual_seed(args.seed)  # the same initialisation on every process
     if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
         model = model_from_checkpoint(checkpoint, args.out_dir)

@@ -28,8 +28,8 @@ from support.configs import build_model, config_of, feature_sizes
 from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, finetuning, load_teacher, meta_twin,
-                         model_name, needs_teacher, new_model, print_conversion_table, processes, resolve_run_flags,
-                         teacher_run_args, trained_on)
+                         model_name, needs_teacher, new_model, print_conversion_table, print_flags, processes,
+                         resolve_run_flags, teacher_run_args, trained_on)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              non_negative_int, positive_int, run_main)
@@ -231,7 +231,8 @@ def train_run(args, ddp) -> dict:
         teacher_results = train_run(teacher_run_args(args, SCHEDULES, MTTask.teacher_overrides(args)), ddp)
     task = MTTask(args, ddp)
     checkpoint = open_finished(task) if args.eval_only else open_run(task)  # None: a new run in --out_dir
-    task.load_data(checkpoint)
+    task.load_data(checkpoint)  # may fit --block_size and --eval_context to a checkpoint's positions
+    print_flags(args, ddp)
     torch.manual_seed(args.seed)  # the same initialisation on every process
     if checkpoint is not None:  # --resume, --eval_only: the run in --out_dir
         model = model_from_checkpoint(checkpoint, args.out_dir)

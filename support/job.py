@@ -213,14 +213,9 @@ def check_layer_flags(args, parser):
 
 @contextmanager
 def processes(args):
-    """One process, or torchrun's process group (set up, then torn down once every process is done); the main
-    process prints the run's flags first."""
+    """One process, or torchrun's process group (set up, then torn down once every process is done)."""
     ddp = setup_distributed()
     decoding_kernels()  # a translator's batches, like decoding's steps, bring new shapes (see decoding_kernels)
-    if ddp.is_main:  # a Hugging Face checkpoint brings its own shapes, tokenizer and dropout: those flags not
-        ignored = ignored_by_checkpoint(args) | ({"feature_size"} if getattr(args, "attn", None) == "elu" else set())
-        shown = {k: v for k, v in vars(args).items() if k not in ignored}  # ELU's k is the head size
-        print_config(os.path.basename(sys.argv[0]), serializable(shown))
     try:
         yield ddp
         if ddp.enabled:  # wait for the main process's final evaluation: a gloo group torn down early can abort
@@ -228,6 +223,16 @@ def processes(args):
     finally:
         if ddp.enabled:
             dist.destroy_process_group()
+
+
+def print_flags(args, ddp):
+    """The run's flags as it will use them, once its data is read: a checkpoint's context may have shortened
+    --block_size and --eval_context, and a Hugging Face checkpoint brings its own shapes, tokenizer and dropout (those
+    flags are left out). Each run prints its own: a teacher trained first, then its conversion."""
+    if ddp.is_main:
+        ignored = ignored_by_checkpoint(args) | ({"feature_size"} if getattr(args, "attn", None) == "elu" else set())
+        shown = {k: v for k, v in vars(args).items() if k not in ignored}  # ELU's k is the head size
+        print_config(os.path.basename(sys.argv[0]), serializable(shown))
 
 
 def new_model(task, make, config_of, vocab_size: int):

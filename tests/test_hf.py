@@ -215,14 +215,29 @@ def test_an_hf_run_says_what_it_converts_and_not_the_flags_it_ignores(tiny_gpt2,
             "--out_dir", str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *FINETUNE]
     result = run_in_process("train_lm.py", *argv, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.splitlines()
-    print("\n".join(lines[:6]))
-    assert lines[0].startswith("train_lm.py: ") and not re.search(
-        r"\b(tokenizer|vocab_size|dropout|d_model|feature_size)=", lines[0])  # ELU's k is the head size
+    flags = next(line for line in result.stdout.splitlines() if line.startswith("train_lm.py: "))
+    print(flags)
+    assert not re.search(r"\b(tokenizer|vocab_size|dropout|d_model|feature_size)=", flags)  # ELU's k is the head size
     assert f"{folder}: gpt2, 2 layers, d_model 64, 4 heads, vocabulary " in result.stdout
     assert "128 positions (n_positions); tokenizer: BPE, " in result.stdout
     assert "to elu: causal k=16; no new parameters" in result.stdout
     assert "validation loss (its first 4 windows)" in result.stdout
+
+
+def test_the_flags_printed_are_those_fitted_to_the_learned_positions(tiny_gpt2, tmp_path):
+    """--block_size and --eval_context left at their defaults (512) shrink to the checkpoint's 128 positions before
+    the run's flags are printed: the printed line is what the run uses, as args.json is."""
+    folder, corpus, _ = tiny_gpt2
+    shortened = [flag for flag in FINETUNE if flag not in ("--block_size", "32", "--eval_context")]
+    argv = ["--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus, "--out_dir",
+            str(tmp_path / "run"), "--cache_dir", str(tmp_path / "cache"), *shortened, "--batch_size", "1"]
+    result = run_in_process("train_lm.py", *argv, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    flags = [line for line in result.stdout.splitlines() if line.startswith("train_lm.py: ")]
+    print(flags)
+    saved = json.loads((tmp_path / "run" / "args.json").read_text())
+    assert len(flags) == 1 and "block_size=128," in flags[0] and "eval_context=128," in flags[0]
+    assert (saved["block_size"], saved["eval_context"]) == (128, 128)
 
 
 @pytest.mark.parametrize("flag", ["--block_size", "--eval_context"])
