@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import copy
 import csv
+import errno
 import hashlib
 import json
 import math
@@ -35,10 +36,11 @@ class Interrupted(Exception):
 
 
 def run_main(main):
-    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback, and so does Ctrl-C
-    (exit status 130, as for SIGINT)."""
+    """Call main(); a UserError or a bad flag becomes one line on stderr instead of a traceback, and so do Ctrl-C
+    (exit status 130, as for SIGINT) and a full disk (the output redirected to it, or a file written there)."""
     try:
         main()
+        sys.stdout.flush()  # here, not at exit: a full disk under `> file` is then caught below
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -51,6 +53,17 @@ def run_main(main):
     except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as a shell tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail again
         sys.exit(1)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        where = f" writing {error.filename}" if error.filename else " writing the output"
+        print(f"error: no space left on the device{where}: free some space, or write somewhere else",
+              file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except OSError:  # the output is what is full: what is left of it goes nowhere, so the exit's flush cannot fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(2)
 
 
 class Parser(argparse.ArgumentParser):

@@ -119,3 +119,18 @@ def test_mqar_refuses_an_only_that_cannot_choose_runs(capsys, argv, message):
         run_main(lambda: mqar.main(argv))
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
+def test_output_to_a_full_disk_is_one_line(monkeypatch, capsys):
+    """`script > /dev/full`: every write of the output fails with ENOSPC. One error line, exit status 2, and nothing
+    more at exit (what is left in the output's buffer is dropped, not flushed again into a traceback)."""
+    with open("/dev/full", "w") as full:
+        monkeypatch.setattr(sys, "stdout", full)
+        with pytest.raises(SystemExit) as exit_info:
+            run_main(lambda: print("a line of output"))
+        full.write("more")  # the exit's own flush: it must not raise
+        full.flush()
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == ("error: no space left on the device writing the output: free some space, or "
+                                       "write somewhere else\n")

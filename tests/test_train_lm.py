@@ -498,6 +498,17 @@ def test_ctrl_c_during_generation_stops_in_one_line(trained, tmp_path):
     assert generating.returncode == 130 and err.strip() == "stopped by Ctrl-C"
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
+def test_generating_into_a_full_disk_is_one_line(trained):
+    """`generate.py > /dev/full` ended in an OSError traceback."""
+    tmp, _ = trained
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "generate.py"), "--ckpt",
+                                 "out/tiny-t2r-random/model.pt", "--num_tokens", "5"], cwd=tmp, stdout=full,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, **SCRIPT_ENV}, timeout=300)
+    assert_one_line_error(result, "no space left on the device writing the output")
+
+
 def test_a_loss_that_turns_nan_stops_without_saving(run_here, tmp_path, corpus):
     result = run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "20", "--lr", "1e30", "--grad_clip",
                       "0", "--out_dir", "r", cwd=tmp_path)

@@ -4,13 +4,16 @@
     python -m pytest -q -s tests/test_translate.py
 """
 
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import translate
-from conftest import (assert_one_line_error, report, run, step_all, tiny_translator, translations_in_process,
-                      translator_batch)
+from conftest import (ROOT, SCRIPT_ENV, assert_one_line_error, report, run, step_all, tiny_translator,
+                      translations_in_process, translator_batch)
 from support import mt_data
 from support.mt_data import EOS_ID, PAD_ID
 
@@ -156,6 +159,19 @@ def test_a_folder_with_only_model_pt_translates(trained_translator, tmp_path):
     (tmp_path / "model.pt").write_bytes((tmp / STUDENT).read_bytes())  # the documented artifact, alone
     out = run("translate.py", "--ckpt", str(tmp_path / "model.pt"), cwd=tmp_path, stdin="w1 w2\n")
     assert out.stdout.splitlines() == translations_in_process(tmp_path / "model.pt", ["w1 w2"])
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
+def test_translating_into_a_full_disk_is_one_line(trained_translator):
+    """`translate.py > /dev/full` ended in an OSError traceback."""
+    tmp, _, _ = trained_translator
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "translate.py"), "--ckpt", STUDENT], cwd=tmp,
+                                input="w1 w2\n", stdout=full, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **SCRIPT_ENV}, timeout=300)
+    print(result.stderr)  # its stderr also says which device translates
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: no space left on the device writing the output")
 
 
 def test_latin1_input_is_a_one_line_error(trained_translator, run_here):
