@@ -2,7 +2,8 @@
 The study's results files, gathered from its run folders (or, where out/ lacks a run, its record under results/runs:
 experiments/records.py): each finished run's results.json and its probes' files (experiments/probes.py:
 attention.csv, speed.json), the translators' test.hyp, into results/*.csv, floats to 4 decimals, and where and
-when the runs ran into results/machine.json. experiments/report.py reads these files alone.
+when the runs ran into results/machine.json. experiments/report.py reads these files alone. Tables of fewer finished
+runs than results/ already holds are refused, not written over it.
 """
 
 import csv
@@ -13,7 +14,7 @@ import torch
 from sacrebleu.metrics import BLEU
 from experiments.claims import LONGER, RETRAINED_TEACHER, doubled
 from experiments.probes import MAIN_K, attention_checkpoints
-from experiments.records import RETRAINED, Records
+from experiments.records import RETRAINED, Records, read
 from experiments.runs import read_json, shorten, state
 from support.runtime import UserError, write_csv, write_json
 
@@ -254,11 +255,21 @@ def read_hypotheses(path: str, references: list) -> list:
     return lines
 
 
+def refuse_fewer(results_dir: str, runs: list):
+    """One line, before any file is written, where the finished runs found (in out/ and the records) are fewer than
+    those of the results already in results_dir: a checkout without the records, or an --out of other runs."""
+    before, now = read(os.path.join(results_dir, "machine.json")).get("runs_finished", 0), len(finished(runs))
+    if now < before:
+        raise UserError(f"{shorten(results_dir)} holds the results of {before} finished runs, the run folders and "
+                        f"their records only {now}: nothing written (pass --results to write them elsewhere)")
+
+
 def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, records: Records | None = None):
     """results/*.csv and results/machine.json, from the run folders, or the records of those out/ lacks: all that
-    experiments/report.py reads."""
+    experiments/report.py reads. Nothing is written where it would hold fewer finished runs than results_dir does."""
     if records:
         lm_plan, mt_plan = ([records.or_record(r) for r in plan] for plan in (lm_plan, mt_plan))
+    refuse_fewer(results_dir, lm_plan + mt_plan)
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),

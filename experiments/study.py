@@ -15,8 +15,9 @@ skipped (refused where its args.json differs from the plan's flags), a run with 
 resumed, so an interrupted study (Ctrl-C, or `kill -INT` of this script: each run saves first) continues where it
 stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then
 experiments/gather.py collects each run's results into results/*.csv and results/machine.json (from its out_dir, or
-its record where out/ lacks it: in a fresh checkout the results stage rebuilds the committed files), and
-experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
+its record where out/ lacks it: in a fresh checkout the results stage rebuilds the committed files, or refuses in one
+line to write fewer runs over them), and experiments/report.py turns those files alone into the tables, plots and
+claims of results/README.md.
 
 The sizes: about 18 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
 training minutes over the first 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator

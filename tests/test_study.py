@@ -516,6 +516,16 @@ def test_the_results_stage_of_a_fresh_checkout_rebuilds_the_committed_results_fr
     assert not (tmp_path / "out").exists(), "the records are read where they are, not copied into out/"
 
 
+def test_the_results_stage_refuses_in_one_line_to_write_fewer_runs_over_the_results(fresh_checkout, tmp_path):
+    shutil.rmtree(tmp_path / "results" / "runs")  # a checkout without the records: out/ and they hold no run
+    with pytest.raises(UserError) as refused:
+        study.main(fresh_checkout)
+    finished = json.loads(committed("machine.json"))["runs_finished"]
+    assert f"results holds the results of {finished} finished runs, the run folders and their records only 0: " \
+        "nothing written" in str(refused.value) and "\n" not in str(refused.value)
+    assert all((tmp_path / "results" / name).read_bytes() == committed(name) for name in GATHERED + ("README.md",))
+
+
 @pytest.mark.parametrize("kept", ["other delta", "one pair fewer", "none"])
 def test_without_the_test_corpus_a_pairs_table_not_of_these_runs_is_refused_in_one_line(fresh_checkout, tmp_path,
                                                                                          kept):
