@@ -8,7 +8,7 @@ numbers a head must hold all N pairs at once.
                                              # 10,000 steps (40 to 70 minutes each at one thread, 2-core EPYC and
                                              # Xeon, 2026-11-25/26), 20 conversions of 2-9 minutes: 11-20 CPU-hours
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
-    python -m experiments.mqar --dry_run     # the runs, and what each trains
+    python -m experiments.mqar --dry_run     # the runs: done, kept (read back from the records) or to train
     python -m experiments.mqar --only conv & python -m experiments.mqar --only '^(?!.*conv)'   # two at once
 
 The runs, each a run folder in --out_dir trained by support/training.py's loop (exact resume, one run per folder):
@@ -292,6 +292,16 @@ def finished(run: Run, out_dir: str, records: str | None) -> bool:
                if where)
 
 
+def progress(run: Run, out_dir: str, records: str | None) -> str:
+    """done (its results in out_dir), kept (in the records: read back, not trained), interrupted (resumed from its
+    checkpoint) or todo."""
+    if os.path.isfile(os.path.join(folder_of(run, out_dir), "results.json")):
+        return "done"
+    if finished(run, out_dir, records):
+        return "kept"
+    return "interrupted" if os.path.isfile(os.path.join(folder_of(run, out_dir), "ckpt.pt")) else "todo"
+
+
 def copy_files(source: str, target: str):
     """The KEPT files of a run's folder, each written atomically."""
     os.makedirs(target, exist_ok=True)
@@ -393,9 +403,13 @@ def main(argv=None):
         raise UserError(f"--only {args.only!r} matches none of the runs: python -m experiments.mqar --dry_run "
                         "lists them")
     if args.dry_run:
-        for run in chosen:
+        states = [progress(run, args.out_dir, args.records) for run in chosen]
+        done = sum(state in ("done", "kept") for state in states)
+        print(f"{len(chosen)} runs, {done} finished ({states.count('kept')} kept in {args.records}: read back, not "
+              f"trained), {len(chosen) - done} to train")
+        for run, state in zip(chosen, states):
             steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
-            print(f"{run.name}: {steps} steps at lr {run.lr or size['lr']:g}" +
+            print(f"{run.name}: {state} | {steps} steps at lr {run.lr or size['lr']:g}" +
                   (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
         return
     for run in runs:  # every saved run of this plan's, here or kept, before any work

@@ -144,6 +144,21 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     assert (tmp_path / "mqar.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("file, state, finished, kept", [("rec/softmax/results.json", "kept", 1, 1),
+                                                         ("out/softmax/results.json", "done", 1, 0),
+                                                         ("out/softmax/ckpt.pt", "interrupted", 0, 0)])
+def test_a_dry_run_shows_each_runs_state_the_kept_ones_as_kept_not_to_train(tmp_path, file, state, finished, kept):
+    (tmp_path / file).parent.mkdir(parents=True)
+    (tmp_path / file).write_text("{}")
+    there = sorted(tmp_path.rglob("*"))
+    result = run_in_process("experiments.mqar", "--dry_run", "--out_dir", "out", "--records", "rec", cwd=tmp_path)
+    runs = len(mqar.plan(mqar.MQAR_SIZES["full"]))
+    assert f"{runs} runs, {finished} finished ({kept} kept in rec: read back, not trained), {runs - finished} to " \
+        "train" in result.stdout
+    assert f"\nsoftmax: {state} | 10000 steps" in result.stdout and "\nt2r8: todo | 600 steps" in result.stdout
+    assert sorted(tmp_path.rglob("*")) == there, "a dry run writes nothing"
+
+
 @pytest.mark.parametrize("differs", ["budget", "model", "curriculum"])
 def test_a_full_plan_does_not_take_a_quick_plans_runs_for_its_own(tmp_path, differs):
     """--out_dir X after --quick --out_dir X: the quick runs' results were taken as the full table's; now one line,
