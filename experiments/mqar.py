@@ -21,7 +21,8 @@ but the window hybrid (its model class has none) and SRU++ (its own architecture
 fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv, results/mqar.png. A
 finished run's results.json, config.json (the model's, from its checkpoint), args.json (the loop's flags: train_lm.py's,
 whose --attn and --pretrained defaults do not describe the model) and machine.json are kept in results/runs/mqar/ (a
-new machine reads them, trains nothing).
+new machine reads them, trains nothing, and rebuilds the committed table: a table that comes out the same keeps the
+machine and date it was made on in results/mqar.json).
 
 The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
 (Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
@@ -46,7 +47,7 @@ from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.run_files import open_run
 from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
-from experiments.records import machine
+from experiments.records import machine, read
 from experiments.sizes import MQAR_SIZES
 from support.runtime import Distributed, Parser, UserError, atomic_write, fingerprint, run_main, write_csv, write_json
 from support.training import Diverged, Task, train
@@ -312,6 +313,13 @@ def copy_files(source: str, target: str):
                 out.write(f.read())
 
 
+def read_bytes(path: str) -> bytes | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def folder_of(run: Run, out_dir: str) -> str:
     return os.path.join(out_dir, run.name.replace(" ", "-"))
 
@@ -429,12 +437,18 @@ def main(argv=None):
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
                         size["transfer_steps"] if run.transfer else 0, size["lr"])
     rows = select_rates(rows)
+    table_was = read_bytes(args.csv)
     write_csv(args.csv, rows, COLUMNS)
-    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed
+    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed. A
+    # table rebuilt the same from the runs (a new checkout's, from the records) keeps the machine and date it was
+    # made on: no number is new
     command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
     minutes = {r["run"]: r["train_minutes"] for r in rows}  # once a run: its transfer's and sweep rows repeat it
-    where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
-    write_json(os.path.splitext(args.csv)[0] + ".json", where)
+    where_path = os.path.splitext(args.csv)[0] + ".json"
+    where = read(where_path) if table_was == read_bytes(args.csv) else {}
+    if where.get("command") != command:
+        where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
+        write_json(where_path, where)
     figure = os.path.splitext(args.csv)[0] + ".png"
     try:  # matplotlib is imported as the figure is drawn
         plot_mqar([r for r in rows if r["selected"]], mqar_provenance(where).replace("`", ""), figure)
