@@ -1,8 +1,9 @@
 """
-The study's results files, gathered from its run folders: each finished run's results.json and its probes'
-files (experiments/probes.py: attention.csv, speed.json), the translators' test.hyp, into
-results/*.csv, floats to 4 decimals, and where and when the runs ran into results/machine.json.
-experiments/report.py reads these files alone.
+The study's results files, gathered from its run folders (or, where out/ lacks a run, its record under results/runs:
+experiments/records.py): each finished run's results.json and its probes' files (experiments/probes.py:
+attention.csv, speed.json), the translators' test.hyp, into results/*.csv, floats to 4 decimals, and where and
+when the runs ran into results/machine.json. experiments/report.py reads these files alone. Tables of fewer finished
+runs than results/ already holds are refused, not written over it.
 """
 
 import csv
@@ -13,7 +14,7 @@ import torch
 from sacrebleu.metrics import BLEU
 from experiments.claims import LONGER, RETRAINED_TEACHER, doubled
 from experiments.probes import MAIN_K, attention_checkpoints
-from experiments.records import RETRAINED
+from experiments.records import RETRAINED, Records, read
 from experiments.runs import read_json, shorten, state
 from support.runtime import UserError, write_csv, write_json
 
@@ -156,6 +157,9 @@ def attention_counts(lm_plan: list) -> list:
 
 MT_PAIRS_COLUMNS = ["model", "init", "against_model", "against_init", "delta", "low", "high", "samples"]
 BOOTSTRAP_SAMPLES = 1000
+# A difference of two test BLEUs that results.json rounds to 2 decimals (each 0.005 off at most), against the table's
+# delta to 4 (0.00005 off): the same runs' numbers agree within their sum
+ROUNDED_DELTA = 2 * 0.005 + 0.00005
 
 
 def bleu_statistics(hypotheses: list, references: list) -> torch.Tensor:
@@ -183,10 +187,11 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_
     return corpus_bleu(a) - corpus_bleu(b), deltas[int(0.025 * samples)], deltas[int(0.975 * samples) - 1]
 
 
-def mt_pair_rows(runs: list) -> list:
+def mt_pair_rows(runs: list, kept_csv: str | None = None) -> list:
     """Every finished translator against the teacher, T2R + pretrain against T2R from scratch (the teacher's steps,
     and the teacher's and the finetuning's together) and against the softmax control, ELU + pretrain against T2R + pretrain, and the control against its start where that is the
-    teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp)."""
+    teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp). Without
+    the test corpus on this machine: the rows of kept_csv, where they are the same pairs of the same runs."""
     done = {(row["model"], row["init"]): (run, folder) for run, folder, row in trained_translators(runs)
             if os.path.isfile(os.path.join(folder, "test.hyp"))}
     teacher, again = ("softmax", "random"), (RETRAINED_TEACHER, "random")
@@ -199,6 +204,8 @@ def mt_pair_rows(runs: list) -> list:
     if not pairs:
         return []
     references = test_references(done[pairs[0][0]][0].out_dir)
+    if references is None:
+        return kept_pairs(kept_csv, pairs, done)
     stats = {key: bleu_statistics(read_hypotheses(os.path.join(folder, "test.hyp"), references), references)
              for key, (run, folder) in done.items()}
     rows = []
@@ -209,12 +216,33 @@ def mt_pair_rows(runs: list) -> list:
     return rows
 
 
-def test_references(out_dir: str) -> list:
-    """The references a run's test.hyp translates: its corpus's test split, as many sentences as it scored."""
+def test_references(out_dir: str) -> list | None:
+    """The references a run's test.hyp translates: its corpus's test split, as many sentences as it scored. None
+    where the corpus is not prepared on this machine (a fresh checkout has no data/): the results are not the place
+    to download it."""
     from support import mt_data
     args = read_json(os.path.join(out_dir, "args.json"))
+    if not mt_data.corpus_at_hand(args["dataset"], args["src"], args["tgt"], args.get("data_dir")):
+        return None
     corpus = mt_data.load_parallel(args["dataset"], args["src"], args["tgt"], args.get("data_dir"))
     return [target for _, target in corpus["test"][: args.get("bleu_sentences") or None]]
+
+
+def kept_pairs(path: str | None, pairs: list, done: dict) -> list:
+    """The rows of the table kept at path, where it pairs the same runs in the same order and each difference is
+    theirs: the difference of the two runs' test BLEU. Else one line: the bootstrap needs the test references."""
+    kept = []
+    if path and os.path.isfile(path):
+        with open(path, newline="") as f:
+            kept = list(csv.DictReader(f))
+    bleu = {key: read_json(os.path.join(folder, "results.json"))["test"]["bleu"] for key, (_, folder) in done.items()}
+    same = [((r["model"], r["init"]), (r["against_model"], r["against_init"])) for r in kept] == pairs and all(
+        abs(float(r["delta"]) - (bleu[a] - bleu[b])) <= ROUNDED_DELTA for r, (a, b) in zip(kept, pairs))
+    if not same:
+        raise UserError(f"{shorten(path or 'mt_pairs.csv')} needs the translators' test references, and their "
+                        f"corpus is not prepared here: run train_mt.py once with the runs' --dataset to prepare it, "
+                        f"then rerun this command")
+    return kept
 
 
 def read_hypotheses(path: str, references: list) -> list:
@@ -227,18 +255,30 @@ def read_hypotheses(path: str, references: list) -> list:
     return lines
 
 
-def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool):
-    """results/*.csv and results/machine.json, from the run folders: all that experiments/report.py reads."""
+def refuse_fewer(results_dir: str, runs: list):
+    """One line, before any file is written, where the finished runs found (in out/ and the records) are fewer than
+    those of the results already in results_dir: a checkout without the records, or an --out of other runs."""
+    before, now = read(os.path.join(results_dir, "machine.json")).get("runs_finished", 0), len(finished(runs))
+    if now < before:
+        raise UserError(f"{shorten(results_dir)} holds the results of {before} finished runs, the run folders and "
+                        f"their records only {now}: nothing written (pass --results to write them elsewhere)")
+
+
+def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, records: Records | None = None):
+    """results/*.csv and results/machine.json, from the run folders, or the records of those out/ lacks: all that
+    experiments/report.py reads. Nothing is written where it would hold fewer finished runs than results_dir does."""
+    if records:
+        lm_plan, mt_plan = ([records.or_record(r) for r in plan] for plan in (lm_plan, mt_plan))
+    refuse_fewer(results_dir, lm_plan + mt_plan)
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
                                 ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
                                 ("attention.csv", ATTENTION_COLUMNS, attention_rows(lm_plan, lm)),
                                 ("mt.csv", MT_COLUMNS, mt_rows(mt_plan)),
-                                ("mt_pairs.csv", MT_PAIRS_COLUMNS, mt_pair_rows(mt_plan)),
+                                ("mt_pairs.csv", MT_PAIRS_COLUMNS,
+                                 mt_pair_rows(mt_plan, os.path.join(results_dir, "mt_pairs.csv"))),
                                 ("curves.csv", CURVE_COLUMNS, curve_rows("lm", lm_plan) + curve_rows("mt", mt_plan))]:
         write_csv(os.path.join(results_dir, name), rounded(rows, columns), columns)
     write_json(os.path.join(results_dir, "machine.json"), provenance(lm_plan + mt_plan, lm_plan, quick))
     print(f"wrote {shorten(results_dir)}/lm_ptb.csv, feature_size.csv, attention.csv, mt.csv, mt_pairs.csv, "
           f"curves.csv and machine.json")
-
-

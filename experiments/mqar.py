@@ -8,7 +8,7 @@ numbers a head must hold all N pairs at once.
                                              # 10,000 steps (40 to 70 minutes each at one thread, 2-core EPYC and
                                              # Xeon, 2026-11-25/26), 20 conversions of 2-9 minutes: 11-20 CPU-hours
     python -m experiments.mqar --quick       # a smoke run of every model, tiny and short (out/mqar-quick)
-    python -m experiments.mqar --dry_run     # the runs, and what each trains
+    python -m experiments.mqar --dry_run     # the runs: done, kept (read back from the records) or to train
     python -m experiments.mqar --only conv & python -m experiments.mqar --only '^(?!.*conv)'   # two at once
 
 The runs, each a run folder in --out_dir trained by support/training.py's loop (exact resume, one run per folder):
@@ -21,7 +21,8 @@ but the window hybrid (its model class has none) and SRU++ (its own architecture
 fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv, results/mqar.png. A
 finished run's results.json, config.json (the model's, from its checkpoint), args.json (the loop's flags: train_lm.py's,
 whose --attn and --pretrained defaults do not describe the model) and machine.json are kept in results/runs/mqar/ (a
-new machine reads them, trains nothing).
+new machine reads them, trains nothing, and rebuilds the committed table: a table that comes out the same keeps the
+machine and date it was made on in results/mqar.json).
 
 The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
 (Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
@@ -46,7 +47,7 @@ from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.run_files import open_run
 from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
-from experiments.records import machine
+from experiments.records import machine, read
 from experiments.sizes import MQAR_SIZES
 from support.runtime import Distributed, Parser, UserError, atomic_write, fingerprint, run_main, write_csv, write_json
 from support.training import Diverged, Task, train
@@ -292,6 +293,16 @@ def finished(run: Run, out_dir: str, records: str | None) -> bool:
                if where)
 
 
+def progress(run: Run, out_dir: str, records: str | None) -> str:
+    """done (its results in out_dir), kept (in the records: read back, not trained), interrupted (resumed from its
+    checkpoint) or todo."""
+    if os.path.isfile(os.path.join(folder_of(run, out_dir), "results.json")):
+        return "done"
+    if finished(run, out_dir, records):
+        return "kept"
+    return "interrupted" if os.path.isfile(os.path.join(folder_of(run, out_dir), "ckpt.pt")) else "todo"
+
+
 def copy_files(source: str, target: str):
     """The KEPT files of a run's folder, each written atomically."""
     os.makedirs(target, exist_ok=True)
@@ -300,6 +311,13 @@ def copy_files(source: str, target: str):
             with open(os.path.join(source, name), "rb") as f, atomic_write(os.path.join(target, name)) as tmp, \
                     open(tmp, "wb") as out:
                 out.write(f.read())
+
+
+def read_bytes(path: str) -> bytes | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
 
 
 def folder_of(run: Run, out_dir: str) -> str:
@@ -393,9 +411,13 @@ def main(argv=None):
         raise UserError(f"--only {args.only!r} matches none of the runs: python -m experiments.mqar --dry_run "
                         "lists them")
     if args.dry_run:
-        for run in chosen:
+        states = [progress(run, args.out_dir, args.records) for run in chosen]
+        done = sum(state in ("done", "kept") for state in states)
+        print(f"{len(chosen)} runs, {done} finished ({states.count('kept')} kept in {args.records}: read back, not "
+              f"trained), {len(chosen) - done} to train")
+        for run, state in zip(chosen, states):
             steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
-            print(f"{run.name}: {steps} steps at lr {run.lr or size['lr']:g}" +
+            print(f"{run.name}: {state} | {steps} steps at lr {run.lr or size['lr']:g}" +
                   (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
         return
     for run in runs:  # every saved run of this plan's, here or kept, before any work
@@ -415,12 +437,18 @@ def main(argv=None):
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
                         size["transfer_steps"] if run.transfer else 0, size["lr"])
     rows = select_rates(rows)
+    table_was = read_bytes(args.csv)
     write_csv(args.csv, rows, COLUMNS)
-    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed
+    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed. A
+    # table rebuilt the same from the runs (a new checkout's, from the records) keeps the machine and date it was
+    # made on: no number is new
     command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
     minutes = {r["run"]: r["train_minutes"] for r in rows}  # once a run: its transfer's and sweep rows repeat it
-    where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
-    write_json(os.path.splitext(args.csv)[0] + ".json", where)
+    where_path = os.path.splitext(args.csv)[0] + ".json"
+    where = read(where_path) if table_was == read_bytes(args.csv) else {}
+    if where.get("command") != command:
+        where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
+        write_json(where_path, where)
     figure = os.path.splitext(args.csv)[0] + ".png"
     try:  # matplotlib is imported as the figure is drawn
         plot_mqar([r for r in rows if r["selected"]], mqar_provenance(where).replace("`", ""), figure)

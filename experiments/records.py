@@ -2,12 +2,13 @@
 The study's record of each finished run, kept in the repository (results/runs/): what the results tables need
 (its results.json, flags, machine, probes, translations) and a digest of its weights, but not the weights. The
 runs train under out/, which a new machine or a clean checkout does not have: the study then restores the records
-and trains only what is missing. A teacher is trained again only where a run still to do needs its weights; the
+and trains only what is missing, and its results stage reads the records where out/ lacks a run. A teacher is trained again only where a run still to do needs its weights; the
 same flags on the same machine and thread count give the same weights, and the digests check that they did. On
 another machine the float sums may round otherwise: the teacher's record then stays (its numbers are the ones its
 earlier conversions started from), and the new training's files are kept beside it, in retrained/.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -121,6 +122,13 @@ class Records:
 
     def kept(self, run) -> bool:
         return os.path.isfile(os.path.join(self.folder(run), "results.json"))
+
+    def or_record(self, run):
+        """The run as the results tables read it: itself where its out_dir has its results, else, where it is kept,
+        the same run with its record's folder as out_dir (a new machine's out/ is empty; the tables need no weights)."""
+        if os.path.isfile(os.path.join(run.out_dir, "results.json")) or not self.kept(run):
+            return run
+        return dataclasses.replace(run, flags={**run.flags, "out_dir": self.folder(run)})
 
     def restore(self, run) -> bool:
         """Bring a kept run's files (and its retrained/ ones) back into an out_dir that has neither results nor a

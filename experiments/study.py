@@ -4,6 +4,7 @@ The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs
     bash experiments/reproduce.sh                    # everything: the runs, then the CSVs, plots and results/README.md
     python -m experiments.study --stage lm           # only the language-model runs (Table 1, Fig. 4)
     python -m experiments.study --dry_run            # print the plan: every run, its command, done or not
+    python -m experiments.study --stage results      # the CSVs and the page again, from out/ or results/runs
     python -m experiments.study --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
 
 Every run is a plain train_lm.py / train_mt.py command with its own out_dir, followed by its probes
@@ -13,8 +14,10 @@ continued on a new machine, whose out/ is empty, trains only what is missing. A 
 skipped (refused where its args.json differs from the plan's flags), a run with a ckpt.pt but no results.json is
 resumed, so an interrupted study (Ctrl-C, or `kill -INT` of this script: each run saves first) continues where it
 stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then
-experiments/gather.py collects each run's results into results/*.csv and results/machine.json, and
-experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
+experiments/gather.py collects each run's results into results/*.csv and results/machine.json (from its out_dir, or
+its record where out/ lacks it: in a fresh checkout the results stage rebuilds the committed files, or refuses in one
+line to write fewer runs over them), and experiments/report.py turns those files alone into the tables, plots and
+claims of results/README.md.
 
 The sizes: about 18 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
 training minutes over the first 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
@@ -342,7 +345,7 @@ def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
     p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "results"],
                    help="one part of the study, its runs and their probes (all: both parts; results: the CSVs and "
-                   "the report)")
+                   "the report, from out/ or the records in results/runs)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -364,7 +367,7 @@ def main(argv=None):
     if args.stage in plans:
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
-        gather(results_dir, lm_plan, mt_plan, args.quick)
+        gather(results_dir, lm_plan, mt_plan, args.quick, records)  # out/, or the records of the runs it lacks
         write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
 

@@ -251,8 +251,8 @@ def load_parallel(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | No
         if not Path(dataset).is_dir():
             raise DataError(f"unknown dataset {dataset!r}: use libreoffice, multi30k or a folder of aligned files")
         return folder_corpus(Path(dataset), src_lang, tgt_lang)
-    folder = Path(data_dir or os.path.join("data", "mt", dataset))
-    cache = folder / f"prepared-v{PREPARED_FORMAT}-{src_lang}-{tgt_lang}.json"
+    cache = prepared_corpus(dataset, src_lang, tgt_lang, data_dir)
+    folder = cache.parent
     if cache.is_file():
         try:
             with open(cache, encoding="utf-8") as f:
@@ -266,6 +266,20 @@ def load_parallel(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | No
     with atomic_write(cache) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(corpus, f, ensure_ascii=False)
     return corpus
+
+
+def prepared_corpus(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | None = None) -> Path:
+    """Where load_parallel caches a named corpus's prepared pairs."""
+    folder = Path(data_dir or os.path.join("data", "mt", dataset))
+    return folder / f"prepared-v{PREPARED_FORMAT}-{src_lang}-{tgt_lang}.json"
+
+
+def corpus_at_hand(dataset: str, src_lang: str, tgt_lang: str, data_dir: str | None = None) -> bool:
+    """Whether load_parallel reads the corpus without downloading or extracting anything: a folder, or a named corpus
+    prepared on this machine."""
+    if dataset not in ("libreoffice", "multi30k"):
+        return Path(dataset).is_dir()
+    return prepared_corpus(dataset, src_lang, tgt_lang, data_dir).is_file()
 
 
 # -----------------------------------------------------------------------------

@@ -8,11 +8,12 @@ runs end to end (--quick), resumable, with a KV cache that grows and T2R states 
 import csv
 import json
 import os
+import shutil
 
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_in_process
+from conftest import ROOT, assert_one_line_error, run_in_process
 from experiments import mqar
 
 
@@ -142,6 +143,66 @@ def test_the_results_page_and_summary_read_the_mqar_table(tmp_path):
     scratch = "- **From scratch**, for the teacher's steps: t2r32 from scratch 0.30 at 8 pairs and 0.05 at 64."
     assert all(line in page and line in summary for line in (kept, lost, scratch))
     assert (tmp_path / "mqar.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("file, state, finished, kept", [("rec/softmax/results.json", "kept", 1, 1),
+                                                         ("out/softmax/results.json", "done", 1, 0),
+                                                         ("out/softmax/ckpt.pt", "interrupted", 0, 0)])
+def test_a_dry_run_shows_each_runs_state_the_kept_ones_as_kept_not_to_train(tmp_path, file, state, finished, kept):
+    (tmp_path / file).parent.mkdir(parents=True)
+    (tmp_path / file).write_text("{}")
+    there = sorted(tmp_path.rglob("*"))
+    result = run_in_process("experiments.mqar", "--dry_run", "--out_dir", "out", "--records", "rec", cwd=tmp_path)
+    runs = len(mqar.plan(mqar.MQAR_SIZES["full"]))
+    assert f"{runs} runs, {finished} finished ({kept} kept in rec: read back, not trained), {runs - finished} to " \
+        "train" in result.stdout
+    assert f"\nsoftmax: {state} | 10000 steps" in result.stdout and "\nt2r8: todo | 600 steps" in result.stdout
+    assert sorted(tmp_path.rglob("*")) == there, "a dry run writes nothing"
+
+
+ANOTHER_MACHINE = {"device": "another CPU, 8 cores", "threads": 8, "torch": "9.9", "python": "3.99",
+                   "date": "2099-01-01"}
+
+
+def rebuild_from_the_committed_records(tmp_path, monkeypatch, change=None) -> list:
+    """mqar.py in a fresh checkout on ANOTHER_MACHINE: out/ empty, a copy of the committed records (change(records)
+    first, where given) and of the committed table; nothing may train. The figure's footers, which it draws."""
+    results = os.path.join(ROOT, "results")
+    shutil.copytree(os.path.join(results, "runs", "mqar"), tmp_path / "rec")
+    for name in ("mqar.csv", "mqar.json"):
+        shutil.copyfile(os.path.join(results, name), tmp_path / name)
+    if change:
+        change(tmp_path / "rec")
+    monkeypatch.setattr(mqar, "machine", lambda: ANOTHER_MACHINE)
+    footers = []
+    monkeypatch.setattr(mqar, "plot_mqar", lambda rows, footer, path: footers.append(footer))  # matplotlib's bytes
+    monkeypatch.setattr(mqar, "train", lambda *args: pytest.fail("a kept run trained again"))
+    mqar.main(["--out_dir", str(tmp_path / "out"), "--records", str(tmp_path / "rec"), "--csv",
+               str(tmp_path / "mqar.csv")])
+    return footers
+
+
+def test_a_fresh_checkout_rebuilds_the_committed_table_from_the_records_on_another_machine_and_day(tmp_path,
+                                                                                                  monkeypatch):
+    """The table comes out the committed one byte for byte, its provenance (mqar.json, the figure's foot) the machine
+    and date that made it, not this one's."""
+    footers = rebuild_from_the_committed_records(tmp_path, monkeypatch)
+    results = os.path.join(ROOT, "results")
+    for name in ("mqar.csv", "mqar.json"):
+        with open(os.path.join(results, name), "rb") as f:
+            assert (tmp_path / name).read_bytes() == f.read(), f"results/{name} is not rebuilt"
+    with open(os.path.join(results, "mqar.json")) as f:
+        assert footers == [mqar.mqar_provenance(json.load(f)).replace("`", "")]
+
+
+def test_a_table_that_comes_out_otherwise_says_this_machine_and_day(tmp_path, monkeypatch):
+    def another_accuracy(records):
+        results = json.loads((records / "t2r8" / "results.json").read_text())
+        results["accuracy"]["64"] += 0.01
+        (records / "t2r8" / "results.json").write_text(json.dumps(results))
+    rebuild_from_the_committed_records(tmp_path, monkeypatch, another_accuracy)
+    where = json.loads((tmp_path / "mqar.json").read_text())
+    assert {key: where[key] for key in ANOTHER_MACHINE} == ANOTHER_MACHINE
 
 
 @pytest.mark.parametrize("differs", ["budget", "model", "curriculum"])

@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import shutil
 
 import pytest
 import torch
@@ -483,6 +484,66 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
     assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
     recall = [line for line in summary if line.startswith(("- **Kept**", "- **Lost**", "- **From scratch**"))]
     assert len(recall) == 3 and all(line in readme for line in recall), "the README quotes the summary's MQAR lines"
+
+
+# -----------------------------------------------------------------------------
+# The results stage in a fresh checkout: out/ is empty, the records under results/runs are all there is
+
+GATHERED = ("lm_ptb.csv", "feature_size.csv", "attention.csv", "mt.csv", "mt_pairs.csv", "curves.csv", "machine.json")
+
+
+@pytest.fixture
+def fresh_checkout(tmp_path, monkeypatch):
+    """A copy of the committed results/ (the records in results/runs included) beside an empty out/, in a working
+    directory without data/: the translators' test corpus is not prepared there, as in a fresh clone."""
+    shutil.copytree(os.path.join(ROOT, "results"), tmp_path / "results")
+    monkeypatch.chdir(tmp_path)
+    return ["--stage", "results", "--out", str(tmp_path / "out" / "study"), "--results", str(tmp_path / "results")]
+
+
+def committed(name: str) -> bytes:
+    with open(os.path.join(ROOT, "results", name), "rb") as f:
+        return f.read()
+
+
+def test_the_results_stage_of_a_fresh_checkout_rebuilds_the_committed_results_from_the_records(fresh_checkout,
+                                                                                                 tmp_path, monkeypatch):
+    for name in [name for name in vars(study_report) if name.startswith("plot_")]:  # their bytes are matplotlib's
+        monkeypatch.setattr(study_report, name, lambda *args: None)
+    study.main(fresh_checkout)
+    for name in GATHERED + ("README.md",):
+        assert (tmp_path / "results" / name).read_bytes() == committed(name), f"results/{name} is not rebuilt"
+    assert not (tmp_path / "out").exists(), "the records are read where they are, not copied into out/"
+
+
+def test_the_results_stage_refuses_in_one_line_to_write_fewer_runs_over_the_results(fresh_checkout, tmp_path):
+    shutil.rmtree(tmp_path / "results" / "runs")  # a checkout without the records: out/ and they hold no run
+    with pytest.raises(UserError) as refused:
+        study.main(fresh_checkout)
+    finished = json.loads(committed("machine.json"))["runs_finished"]
+    assert f"results holds the results of {finished} finished runs, the run folders and their records only 0: " \
+        "nothing written" in str(refused.value) and "\n" not in str(refused.value)
+    assert all((tmp_path / "results" / name).read_bytes() == committed(name) for name in GATHERED + ("README.md",))
+
+
+@pytest.mark.parametrize("kept", ["other delta", "one pair fewer", "none"])
+def test_without_the_test_corpus_a_pairs_table_not_of_these_runs_is_refused_in_one_line(fresh_checkout, tmp_path,
+                                                                                         kept):
+    """The bootstrap needs the test references; without them the kept mt_pairs.csv stays only where it pairs the same
+    runs and each delta is their test BLEU difference."""
+    pairs = tmp_path / "results" / "mt_pairs.csv"
+    lines = pairs.read_text().splitlines(keepends=True)
+    if kept == "other delta":  # 0.02 more: beyond the 0.01 of BLEU's two decimals
+        cells = lines[1].split(",")
+        lines[1] = ",".join(cells[:4] + [f"{float(cells[4]) + 0.02:.4f}"] + cells[5:])
+    pairs.write_text("".join(lines[:-1] if kept == "one pair fewer" else lines))
+    if kept == "none":
+        pairs.unlink()
+    with pytest.raises(UserError) as refused:
+        study.main(fresh_checkout)
+    assert "mt_pairs.csv needs the translators' test references, and their corpus is not prepared here: run " \
+        "train_mt.py once" in str(refused.value) and "\n" not in str(refused.value)
+    assert (tmp_path / "results" / "lm_ptb.csv").read_bytes() == committed("lm_ptb.csv"), "nothing is written"
 
 
 @pytest.mark.parametrize("command, edition", [("bash experiments/reproduce.sh", "full"),

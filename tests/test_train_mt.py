@@ -105,7 +105,10 @@ def test_libreoffice_corpus_with_a_faked_apt_get(tmp_path):
         elif command[:2] == ["dpkg", "-x"]:
             write_help(tmp_path / "data" / mt_data.LIBREOFFICE_HELP, pages)
 
+    at_hand = lambda: mt_data.corpus_at_hand("libreoffice", "en", "de", str(tmp_path / "data"))
+    assert not at_hand()  # the study's results stage reads it only then: downloading is training's
     corpus = mt_data.load_parallel("libreoffice", "en", "de", str(tmp_path / "data"), run=fake_run)
+    assert at_hand()
     assert [c for c in calls if c[0] == "apt-get"] == [["apt-get", "download", "libreoffice-help-en-us"],
                                                         ["apt-get", "download", "libreoffice-help-de"]]
     assert [os.path.basename(c[2]) for c in calls if c[0] == "dpkg"] == ["libreoffice-help-en-us_7.4_all.deb",
