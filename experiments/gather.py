@@ -189,9 +189,10 @@ def paired_bootstrap(a: torch.Tensor, b: torch.Tensor, samples: int = BOOTSTRAP_
 
 def mt_pair_rows(runs: list, kept_csv: str | None = None) -> list:
     """Every finished translator against the teacher, T2R + pretrain against T2R from scratch (the teacher's steps,
-    and the teacher's and the finetuning's together) and against the softmax control, ELU + pretrain against T2R + pretrain, and the control against its start where that is the
-    teacher trained again: the BLEU difference with its bootstrap interval (where both saved test.hyp). Without
-    the test corpus on this machine: the rows of kept_csv, where they are the same pairs of the same runs."""
+    and the teacher's and the finetuning's together) and against the softmax control, ELU + pretrain against T2R +
+    pretrain, and the control against its start where that is the teacher trained again: the BLEU difference with its
+    bootstrap interval (where both saved test.hyp). Without the test corpus on this machine: the rows of kept_csv,
+    where they are the same pairs of the same runs."""
     done = {(row["model"], row["init"]): (run, folder) for run, folder, row in trained_translators(runs)
             if os.path.isfile(os.path.join(folder, "test.hyp"))}
     teacher, again = ("softmax", "random"), (RETRAINED_TEACHER, "random")

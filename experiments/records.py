@@ -2,10 +2,11 @@
 The study's record of each finished run, kept in the repository (results/runs/): what the results tables need
 (its results.json, flags, machine, probes, translations) and a digest of its weights, but not the weights. The
 runs train under out/, which a new machine or a clean checkout does not have: the study then restores the records
-and trains only what is missing, and its results stage reads the records where out/ lacks a run. A teacher is trained again only where a run still to do needs its weights; the
-same flags on the same machine and thread count give the same weights, and the digests check that they did. On
-another machine the float sums may round otherwise: the teacher's record then stays (its numbers are the ones its
-earlier conversions started from), and the new training's files are kept beside it, in retrained/.
+and trains only what is missing, and its results stage reads the records where out/ lacks a run. A teacher is
+trained again only where a run still to do needs its weights; the same flags on the same machine and thread count give
+the same weights, and the digests check that they did. On another machine the float sums may round otherwise: the
+teacher's record then stays (its numbers are the ones its earlier conversions started from), and the new training's
+files are kept beside it, in retrained/.
 """
 
 import dataclasses
