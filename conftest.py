@@ -309,16 +309,36 @@ def tiny_gpt2(tmp_path_factory):
     return folder, corpus, model
 
 
-def byte_level_bpe(corpus: str):
-    """GPT-2's kind of tokenizer (byte level, no prefix space, <|endoftext|> its one special), trained on a corpus."""
+def byte_level_bpe(corpus: str, prefix_space: bool = False):
+    """GPT-2's kind of tokenizer (byte level, no prefix space, <|endoftext|> its one special), trained on a corpus;
+    prefix_space: one that adds a space before a text's first word, as RoBERTa's and some Llama conversions do."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer, tokenizer.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     with open(os.path.join(corpus, "train.txt")) as f:
         tokenizer.train_from_iterator(f.read().splitlines(), trainer=trainer)
     return tokenizer
+
+
+def sentencepiece_style(corpus: str):
+    """A tokenizer of sentencepiece's kind (Llama 2's, Mistral's): spaces become ▁ and one is put before a text's
+    first word; the newline is a token of its own. Trained on a corpus, at most 300 tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace("▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>"], initial_alphabet=["\n"],
+                                  show_progress=False)
+    with open(os.path.join(corpus, "train.txt")) as f:
+        tokenizer.train_from_iterator(f.read().splitlines(), trainer=trainer)
+    return tokenizer
+
+
+TOKENIZERS = {"no prefix space": byte_level_bpe, "prefix space": lambda corpus: byte_level_bpe(corpus, True),
+              "sentencepiece": sentencepiece_style}  # the pretrained kinds a line's end is found in
 
 
 def save_randomised(make, tokenizer, folder, **save):

@@ -28,7 +28,7 @@ from sru import SRUppLM
 from support import data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.inference import FlatStep, compile_step, eager_decoder, inference_model
-from support.run_files import check_identity, data_identity
+from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
@@ -230,8 +230,8 @@ def make_decoder(model, args, length: int):
 def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
     p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
-    p.add_argument("--prompt", action="append", help="text to continue (words outside the vocabulary become <unk>); "
-                   "repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
+    p.add_argument("--prompt", action="append", help="text to continue, fed as a line of the corpus: after an end of "
+                   "line, with the leading space its lines have (words outside the vocabulary become <unk>); repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
                    "same distribution (default: the)")
     p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
@@ -271,7 +271,7 @@ def load_model(args, device):
     if lm.vocab_size > model.config.vocab_size:  # fewer is a table padded past the tokenizer (Qwen2.5's): its rows stay
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
                         f"its data cache changed; retrain or restore the cache")
-    check_identity(checkpoint, {"tokenizer": data_identity(lm)["tokenizer"]}, args.ckpt)  # same words, same ids
+    check_identity(checkpoint, {"tokenizer": lm.tokenizer_sha1}, args.ckpt)  # same words, same ids
     return model, lm
 
 
@@ -280,6 +280,14 @@ SAVED_DATA_FLAGS = {"dataset": (str,), "data_dir": (str, type(None)), "tokenizer
 
 
 def load_tokenizer(checkpoint):
+    """The checkpoint's own tokenizer (train_lm.py keeps it with the weights), or for a run of earlier code the one
+    in the token cache its training wrote."""
+    if "tokenizer" in checkpoint:
+        try:
+            return data.saved_codec(checkpoint["tokenizer"])
+        except data.DataError as error:
+            raise UserError(f"the checkpoint's tokenizer is damaged ({error}): restore a good copy, or "
+                            f"retrain") from None
     saved = checkpoint.get("args", {})
     wrong = next((name for name, kinds in SAVED_DATA_FLAGS.items() if name in saved
                   and (not isinstance(saved[name], kinds) or isinstance(saved[name], bool))), None)
@@ -299,10 +307,18 @@ def load_tokenizer(checkpoint):
 
 
 def prompt_rows(model, lm, args, device) -> list:
-    """Each --prompt's ids once per sample, a row each, after the checks that they can be generated."""
-    prompts = [lm.encode(text) for text in args.prompt]
-    if not all(prompts):
+    """Each --prompt's ids once per sample, a row each, after the checks that they can be generated. A prompt is
+    encoded as a line of the corpus (data.TextCodec.encode_prompt): its row starts with the end of a line."""
+    try:
+        prompts = [lm.encode_prompt(text) for text in args.prompt]
+        empty = lm.encode_prompt("")  # the end of a line alone
+    except data.DataError as error:
+        raise UserError(str(error)) from None
+    if empty in prompts:
         raise UserError("a --prompt is empty: give at least one word to continue")
+    if lm.line_prefix and any(text and not text[0].isspace() for text in args.prompt):
+        print(f"each --prompt is encoded as a line of the corpus, after a line's end and starting with "
+              f"{lm.line_prefix!r} as its lines do")
     if args.mode == "recompute" and len(set(map(len, prompts))) > 1:
         raise UserError("--mode recompute runs prompts of one length (it keeps no state per row): use --mode "
                         "recurrent, or one --prompt")
@@ -331,6 +347,11 @@ def check_generation_fits(model, args, device, prompt_length: int, rows: int):
     check_fits(rows * (state + 3 * 4 * c.vocab_size + kept), device, f"--num_samples {args.num_samples} of "
                f"--num_tokens {args.num_tokens}" + (f" for {len(args.prompt)} prompts" if len(args.prompt) > 1 else ""),
                "lower --num_samples, --num_tokens or the prompts")
+
+
+def text_of(lm, ids) -> str:
+    """A row's text, without the end of a line it starts with."""
+    return lm.decode(ids).removeprefix("\n")
 
 
 def first_line(model, decoder, args) -> str:
@@ -381,7 +402,7 @@ def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept
     picked = picks(kept_tokens, [len(ids) for ids in rows], first, args.num_tokens) if kept_tokens else []
     for b, ids in enumerate(rows if len(rows) > 1 else []):
         which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
-        print(f"--- {which}sample {b % args.num_samples}\n{lm.decode(ids + picked[b])}")
+        print(f"--- {which}sample {b % args.num_samples}\n{text_of(lm, ids + picked[b])}")
     print(f"\n{len(rows) * args.num_tokens / seconds:,.1f} tokens/s ({len(rows)} x {args.num_tokens} tokens in "
           f"{seconds:.2f} s)")
     if state is not None:
@@ -410,7 +431,7 @@ def main():
     pick = partial(sample, temperature=args.temperature, top_k=args.top_k, tokens=lm.vocab_size,
                    generator=torch.Generator(device=device).manual_seed(args.seed))
     if len(rows) == 1:
-        print(lm.decode(rows[0]), end="", flush=True)
+        print(text_of(lm, rows[0]), end="", flush=True)
     start = time.time()
     state = decoder.init_state(len(rows)) if recurrent else None
     kept = stream(token_stream(decoder, state, rows, args, pick, device), rows, lm, args)

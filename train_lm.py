@@ -263,6 +263,11 @@ class LMTask(Task):
         if checkpoint is not None and checkpoint["config"]["vocab_size"] != self.data.vocab_size:
             raise UserError(f"{args.out_dir} has a vocabulary of {checkpoint['config']['vocab_size']}, the data has "
                             f"{self.data.vocab_size}: pass the --dataset and --tokenizer it was trained with")
+        if args.tokenizer != "bpe":  # --vocab_size sizes a BPE: a word or a pretrained vocabulary is the data's own,
+            args.vocab_size = self.data.vocab_size  # which args.json records
+
+    def checkpoint_extras(self):  # the tokenizer travels with the weights: generate.py needs no token cache
+        return {"tokenizer": self.data.saved()}
 
     def identity(self):
         return data_identity(self.data)

@@ -16,6 +16,9 @@ Conventions (those of the paper's setup, fairseq's WikiText-103 language modelli
   trained elsewhere on the same file sees the same ids; no <eos> is added: its newlines are in its tokens. A
   word-level one drops newlines: each line is encoded alone and ends with its <eos>.
 Token ids are cached per split as a numpy memmap next to the tokenizer JSON and a small meta.json.
+A prompt is encoded as a line of the corpus (TextCodec.encode_prompt): the end of the line before it, then its text,
+with the leading space the corpus's lines have, as the corpus's encoding gives them after a line's end. A model's
+checkpoint keeps the codec (TextCodec.saved): it generates without the token cache, wherever its folder is.
 """
 
 from __future__ import annotations
@@ -102,6 +105,27 @@ def _encode(text: str, kind: str, tokenizer: Tokenizer, vocab: dict[str, int]) -
     return ids, n_words
 
 
+# What a line ends after, in the text a line's end or a prompt is encoded in: a tokenizer adds its prefix space (or
+# sentencepiece's ▁) to the start of a string, so a newline alone ("Ġ", "Ċ") is not what it makes of one in a file
+LINE_BEFORE = "."
+
+
+def after_a_line(encode, text: str) -> list[int] | None:
+    """The ids of text after the end of a line, as encode (a corpus's rule) gives them in a file: the ids of
+    LINE_BEFORE + "\n" + text less those of LINE_BEFORE. None where the two merge (no line's end of its own)."""
+    before, ids = encode(LINE_BEFORE), encode(LINE_BEFORE + "\n" + text)
+    return ids[len(before):] if ids[:len(before)] == before else None
+
+
+def end_of_line_id(tokenizer: Tokenizer) -> int | None:
+    """The id a line's end gets: a word-level tokenizer's <eos> (it drops newlines), else the one token the
+    tokenizer makes of a newline within a text (Ċ, <0x0A>, \\n); None where it makes none or several."""
+    if word_level(tokenizer):
+        return tokenizer.get_vocab().get(EOS)
+    ids = after_a_line(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, "")
+    return ids[0] if ids is not None and len(ids) == 1 else None
+
+
 def word_level(tokenizer: Tokenizer) -> bool:
     return isinstance(tokenizer.model, models.WordLevel)
 
@@ -114,17 +138,15 @@ def vocab_extent(tokenizer: Tokenizer) -> int:
 # -----------------------------------------------------------------------------
 # The data object and its on-disk cache
 
-@dataclass
-class LMData:
-    train: np.ndarray  # 1-D token ids (read-only numpy memmaps)
-    valid: np.ndarray
-    test: np.ndarray
-    vocab_size: int
-    eos_id: int
+@dataclass(kw_only=True)
+class TextCodec:
+    """Text to ids and back, as a model's corpus was encoded: what generate.py needs of its data."""
     tokenizer: Tokenizer
-    n_words: dict[str, int]  # words + <eos> per split: the denominator of word-level perplexity
-    kind: str  # "word", "bpe" or the path of a pretrained tokenizer.json
-    cache: str = ""  # the folder holding the memmaps, tokenizer.json and meta.json
+    kind: str  # "word", "bpe" or a pretrained tokenizer.json (its path, or "pretrained-<fingerprint>")
+    eos_id: int  # a line's end: <eos>, or a pretrained BPE's newline token
+    vocab_size: int  # one past the largest id
+    tokenizer_json: str  # the tokenizer.json it was read from, as it was (a checkpoint's identity hashes it)
+    line_prefix: str = ""  # what the corpus's lines start with (" " in PTB and WikiText): a prompt gets it too
     _vocab: dict[str, int] = field(init=False, repr=False)
     _words: dict[int, str] = field(init=False, repr=False)
 
@@ -132,9 +154,25 @@ class LMData:
         self._vocab = {EOS: self.eos_id, **self.tokenizer.get_vocab()}  # a pretrained one's <eos> is its newline
         self._words = {i: w for w, i in self._vocab.items()}  # by id: a vocabulary need not count from 0
 
+    @property
+    def tokenizer_sha1(self) -> str:
+        return hashlib.sha1(self.tokenizer_json.encode()).hexdigest()
+
     def encode(self, text: str) -> list[int]:
         """Ids of text: newlines become <eos>, unknown words <unk> (word level); a pretrained BPE's own ids."""
         return _encode(text, self.kind, self.tokenizer, self._vocab)[0]
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Ids of text as a line of the corpus: the end of the line before it, then the line as the corpus's encoding
+        gives it after a line's end (a BPE without prefix space gives "the" at a line's start as "Ġthe" in PTB, whose
+        lines start with a space, and "the" elsewhere), the corpus's line_prefix put in front unless text has one."""
+        if text and self.line_prefix and not text[0].isspace():
+            text = self.line_prefix + text
+        ids = after_a_line(self.encode, text)
+        if ids is None:
+            raise DataError(f"the tokenizer merges a line's end with the text before it: {text!r} cannot be "
+                            f"encoded as a line of its corpus")
+        return ids
 
     def decode(self, ids) -> str:
         """Text of ids: <eos> becomes a newline; word level joins words with spaces."""
@@ -150,6 +188,44 @@ class LMData:
             return "\n".join(" ".join(self._words[i] for i in line) for line in lines)
         texts = (self.tokenizer.decode(line, skip_special_tokens=False) for line in lines)
         return "\n".join(t[1:] if t.startswith(" ") else t for t in texts)  # drop the BPE prefix space
+
+    def saved(self) -> dict:
+        """The codec as a checkpoint keeps it (plain types: torch.load(weights_only=True) reads it)."""
+        return {"tokenizer_json": self.tokenizer_json, "kind": self.kind, "eos_id": self.eos_id,
+                "vocab_size": self.vocab_size, "line_prefix": self.line_prefix}
+
+
+def saved_codec(saved) -> TextCodec:
+    """The TextCodec a checkpoint keeps (TextCodec.saved), checked: a damaged one is a DataError."""
+    types = {"tokenizer_json": str, "kind": str, "eos_id": int, "vocab_size": int, "line_prefix": str}
+    if not isinstance(saved, dict) or any(type(saved.get(key)) is not kind for key, kind in types.items()):
+        raise DataError("it is not the tokenizer record train_lm.py writes")
+    try:
+        tokenizer = Tokenizer.from_str(saved["tokenizer_json"])
+    except Exception as error:  # tokenizers raises a plain Exception
+        raise DataError(f"its tokenizer.json is unreadable ({type(error).__name__})") from None
+    if vocab_extent(tokenizer) != saved["vocab_size"]:
+        raise DataError(f"its tokenizer has {vocab_extent(tokenizer)} ids, its record says {saved['vocab_size']}")
+    return TextCodec(tokenizer=tokenizer, **{key: saved[key] for key in types if key != "tokenizer_json"},
+                     tokenizer_json=saved["tokenizer_json"])
+
+
+@dataclass(kw_only=True)
+class LMData(TextCodec):
+    train: np.ndarray  # 1-D token ids (read-only numpy memmaps)
+    valid: np.ndarray
+    test: np.ndarray
+    n_words: dict[str, int]  # words + <eos> per split: the denominator of word-level perplexity
+    cache: str = ""  # the folder holding the memmaps, tokenizer.json and meta.json
+
+
+def corpus_line_prefix(lm: LMData, tokens: int = 100_000) -> str:
+    """What most lines of the training split start with, read from its first tokens decoded: " " (PTB's lines and
+    WikiText's start with a space) or "". Only a pretrained BPE keeps spaces: the others split words on them."""
+    if lm.kind in ("word", "bpe") or word_level(lm.tokenizer):
+        return ""
+    lines = [line for line in lm.decode(lm.train[:tokens]).split("\n")[1:-1] if line.strip()]  # whole lines
+    return " " if 2 * sum(line.startswith(" ") for line in lines) > len(lines) else ""
 
 
 def _cache_of(dataset: str, data_dir: str | None, tokenizer: str, vocab_size: int | None, cache_dir: str,
@@ -173,7 +249,7 @@ def read_prepared(dataset: str, data_dir: str | None = None, tokenizer: str = "w
                   cache_dir: str = "data/cache") -> LMData:
     """What prepare() built, for a model's readers (generate.py): read, never built here nor downloaded."""
     folder, _, expected = _cache_of(dataset, data_dir, tokenizer, vocab_size, cache_dir, download=False)
-    lm, why = _load_cache(folder, expected, legacy=True)  # a cache of the code before content hashes: read too
+    lm, why = _load_cache(folder, expected, legacy=True)  # a cache of older code (no content hashes, another format)
     if lm is None:
         raise DataError(f"there is no token cache of {dataset} in {folder} ({why or 'none was built here'})")
     return lm
@@ -232,7 +308,9 @@ def _build_cache(folder: Path, sources: dict[str, str | Path], expected: dict) -
     kind = expected["kind"]
     tokenizer = train_tokenizer(sources["tokenizer"], sources["train"], expected["bpe_vocab_size"])  # word, bpe, a path
     vocab = tokenizer.get_vocab()  # a pretrained BPE (GPT-2's) has no <eos>: its newline token stands for it
-    vocab[EOS] = vocab[EOS] if EOS in vocab else tokenizer.encode("\n", add_special_tokens=False).ids[-1]
+    vocab[EOS] = vocab[EOS] if EOS in vocab else end_of_line_id(tokenizer)
+    if vocab[EOS] is None:
+        raise DataError(f"{sources['tokenizer']} makes no one token of a line's end: its model cannot mark one")
     extent = vocab_extent(tokenizer)  # ids run below this (a vocabulary need not count from 0 without gaps)
     dtype = np.uint16 if extent <= 1 << 16 else np.int32
     meta = {**expected, "vocab_size": extent, "eos_id": vocab[EOS], "dtype": np.dtype(dtype).name,
@@ -264,7 +342,8 @@ def _exclusive(folder: Path) -> Iterator[None]:
 
 def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMData | None, str]:
     """The cached data, or None and why not ("" when there is simply no cache yet). legacy: a cache written before
-    content hashes is taken on its fingerprint alone (to read; training rebuilds it once, to be sure of the text)."""
+    content hashes is taken on its fingerprint alone, one of another format (PRETRAINED_FORMAT 1's stream) as it is: to
+    read its tokenizer (training rebuilds it once, to be sure of the text and the stream)."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except (FileNotFoundError, NotADirectoryError):
@@ -273,14 +352,16 @@ def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMD
         return None, "unreadable meta.json"
     changed = [key for key, value in expected.items() if meta.get(key) != value
                and not (legacy and key == "content" and "content" not in meta)
+               and not (legacy and key == "format")  # another format's stream, the same tokenizer: a reader's need
                and not (key == "kind" and value.startswith("pretrained-") and meta.get(key) not in ("word", "bpe"))]
     # (a cache before kind named a pretrained tokenizer by its content kept its path: its folder's name says which)
     if changed:
         return None, f"{', '.join(changed)} changed"
     try:
-        if hashlib.sha1((folder / "tokenizer.json").read_bytes()).hexdigest() != meta["tokenizer_sha1"]:
+        tokenizer_json = (folder / "tokenizer.json").read_bytes()
+        if hashlib.sha1(tokenizer_json).hexdigest() != meta["tokenizer_sha1"]:
             return None, "tokenizer.json does not match meta.json"
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer = Tokenizer.from_str(tokenizer_json.decode())
         dtype, splits = np.dtype(meta["dtype"]), {}
         for split in SPLITS:
             path, n = folder / f"{split}.bin", meta["tokens"][split]
@@ -288,11 +369,13 @@ def _load_cache(folder: Path, expected: dict, legacy: bool = False) -> tuple[LMD
                 return None, f"{path.name} is truncated or padded"
             splits[split] = np.memmap(path, dtype=dtype, mode="r", shape=(n,))
         lm = LMData(**splits, vocab_size=meta["vocab_size"], eos_id=meta["eos_id"], tokenizer=tokenizer,
-                    n_words=dict(meta["words"]), kind=meta["kind"], cache=str(folder))
+                    tokenizer_json=tokenizer_json.decode(), n_words=dict(meta["words"]), kind=meta["kind"],
+                    cache=str(folder))
     except Exception as error:  # OSError, KeyError, ValueError..., and tokenizers raises plain Exception
         return None, f"unreadable cache ({type(error).__name__})"
     if vocab_extent(tokenizer) != lm.vocab_size:
         return None, "tokenizer.json does not match meta.json"
+    lm.line_prefix = corpus_line_prefix(lm)
     return lm, ""
 
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models
 
 from support.checkpoints import non_finite_weights
-from support.data import EOS
+from support.data import EOS, after_a_line, end_of_line_id
 from support.runtime import UserError
 from families import FamilyConfig, FamilyLM, is_number
 
@@ -326,11 +326,12 @@ def load(folder: str) -> FamilyLM:
 
 def tokenizer_file(folder: str) -> str:
     """The path of the checkpoint's tokenizer.json, read with `tokenizers`: data.prepare encodes the corpus with it,
-    as it encodes the file's text. A word-level one drops newlines: its <eos> ends each line, as the project's own."""
+    as it encodes the file's text. A line's end is whatever one token it makes of a newline within a text (a prefix
+    space or sentencepiece's ▁ goes to a string's start, not to the newline); a word-level one drops newlines: its
+    <eos> ends each line, as the project's own."""
     path = os.path.abspath(os.path.join(folder, "tokenizer.json"))
     try:
         tokenizer = Tokenizer.from_file(path)
-        newline = tokenizer.encode("\n", add_special_tokens=False).ids  # no BOS a Llama's adds
     except Exception as error:  # missing or damaged: tokenizers raises a plain Exception
         raise UserError(f"cannot read {path} ({type(error).__name__}): download it with the model") from None
     vocab = tokenizer.get_vocab()
@@ -339,7 +340,9 @@ def tokenizer_file(folder: str) -> str:
         if missing:
             raise UserError(f"{path} is a word-level tokenizer without {' or '.join(missing)}: each line ends with "
                             f"{EOS} and unknown words become its unk_token, so its vocabulary needs both")
-    elif len(newline) != 1:  # its id stands for <eos> where one is needed (the evaluation's first context token)
-        raise UserError(f"{path} encodes a newline as {len(newline)} tokens, not one: its model cannot mark a line's "
-                        "end the way data.prepare reads it (a byte-level BPE has one)")
+    elif end_of_line_id(tokenizer) is None:  # its id stands for <eos> (the evaluation's first context token)
+        newline = after_a_line(lambda text: tokenizer.encode(text, add_special_tokens=False).ids, "")
+        made = "merges it with the text before it" if newline is None else f"makes {len(newline)} tokens of it"
+        raise UserError(f"{path} {made}, not one token, where a line ends within a text: its model cannot mark a "
+                        f"line's end the way data.prepare reads it (a byte-level BPE and sentencepiece's have one)")
     return path

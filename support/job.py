@@ -383,6 +383,8 @@ def check_unfinished_teacher(teacher):
     for name, value in saved.items():
         if name in INVOCATION_FLAGS | CONVERSION_ONLY or not hasattr(teacher, name):
             continue
+        if name == "vocab_size" and getattr(teacher, "tokenizer", "bpe") != "bpe":  # the data's own count (args.json)
+            continue
         if getattr(teacher, name) != value:
             raise UserError(f"{teacher.out_dir} holds an unfinished softmax teacher trained with --{name} {value}, "
                             f"this run's teacher would have {getattr(teacher, name)}: finish it first (python "

@@ -3,6 +3,7 @@ A run's folder, as the training loop keeps it: one run per --out_dir (a lock), t
 the checks that a resumed or evaluated run is the same run (its data, its processes), and results.json.
 
     <out_dir>/.lock  args.json  ckpt.pt (every --eval_interval steps)  model.pt, results.json (finished)
+             (a checkpoint holds its tokenizer: a language model's since train_lm.py keeps it, a translator's always)
              snapshot_<step>.pt (a translator's, averaged into model.pt)
 
 A run's files are its own: a new run starts only in a folder no run has written outputs to.

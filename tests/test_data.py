@@ -520,3 +520,55 @@ def test_a_run_on_the_old_pretrained_token_stream_is_refused_in_one_line():
     run_files.check_identity({"identity": current}, current, "run/ckpt.pt")  # the same stream: fine
     with pytest.raises(runtime.UserError, match="^run/ckpt.pt was trained on a pretrained tokenizer's ids of each"):
         run_files.check_identity({"identity": {"tokenizer": "abc", "data": "d"}}, current, "run/ckpt.pt")
+
+
+# -----------------------------------------------------------------------------
+# A line's end and a prompt, for every kind of tokenizer: as the corpus's encoding gives them
+
+WORDS = [" ".join(f"w{(7 * i + j) % 23}" for j in range(3 + i % 5)) for i in range(60)]  # lines of 3 to 7 words
+
+
+def tokenizer_of(kind: str, corpus: str, folder: Path) -> str:
+    """--tokenizer for data.prepare: word or bpe (the project's), else the path of a pretrained tokenizer.json."""
+    from conftest import TOKENIZERS
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    if kind in ("word", "bpe"):
+        return kind
+    if kind == "word level":
+        tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", data.EOS] + sorted(
+            {w for line in WORDS for w in line.split()}))}, unk_token="[UNK]"))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    else:
+        tokenizer = TOKENIZERS[kind](corpus)
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return str(folder / "tokenizer.json")
+
+
+@pytest.mark.parametrize("kind", ["no prefix space", "prefix space", "sentencepiece"])
+def test_a_line_end_is_the_one_token_a_tokenizer_makes_of_a_newline_within_a_text(tmp_path, kind):
+    """A tokenizer that adds a prefix space (or ▁) to a string's start makes 2 tokens of "\\n" alone, one of a newline
+    within a text: it converts, and that token is the corpus's <eos> (it was refused)."""
+    from support import hf
+    corpus = write_corpus(tmp_path / "c", {"train": WORDS, "valid": WORDS[:5], "test": WORDS[5:9]})
+    path = tokenizer_of(kind, corpus, tmp_path / "model")
+    assert hf.tokenizer_file(str(tmp_path / "model")) == path
+    lm = data.prepare(corpus, tokenizer=path, cache_dir=str(tmp_path / "cache"))
+    assert lm.tokenizer.id_to_token(lm.eos_id) in ("Ċ", "\n")  # byte level's newline, sentencepiece-style's
+    assert lm.test.tolist().count(lm.eos_id) == 4  # one a line
+
+
+@pytest.mark.parametrize("lead", ["", " "])
+@pytest.mark.parametrize("kind", ["no prefix space", "prefix space", "sentencepiece", "word level", "word", "bpe"])
+def test_a_prompt_is_encoded_as_the_corpus_encodes_a_line(tmp_path, kind, lead):
+    """Each line of the test split, given as a prompt without its leading space, gets the ids the corpus's stream has
+    for it: the end of the line before, then its words, with the leading space the corpus's lines start with (PTB's
+    do: "the" became the word piece "the", not "Ġthe", after GPT-2's newline)."""
+    lines = [lead + line for line in WORDS]
+    corpus = write_corpus(tmp_path / "c", {"train": lines, "valid": lines[:5], "test": lines[5:12]})
+    lm = data.prepare(corpus, tokenizer=tokenizer_of(kind, corpus, tmp_path / "model"),
+                      cache_dir=str(tmp_path / "cache"))
+    test = lines[5:12]
+    prompts = [lm.encode_prompt(line.lstrip()) for line in test[1:]]
+    assert lm.test.tolist() == lm.encode(test[0]) + [i for ids in prompts for i in ids] + [lm.eos_id]
+    assert lm.line_prefix == (lead if kind in ("no prefix space", "prefix space", "sentencepiece") else "")

@@ -358,3 +358,57 @@ def test_the_memory_figures_come_from_gpt2s_shapes():
     assert figures["t2r_state"] == 4 * 12 * 12 * 32 * (64 + 1)  # S (k x d) and z (k) per head and layer
     assert figures["kv_cache_1024"] == 4 * 2 * 12 * 1024 * 768
     print({k: f"{v:,}" for k, v in figures.items()})
+
+
+# -----------------------------------------------------------------------------
+# A converted model's run folder holds all it needs to generate
+
+def greedy_text(ckpt, cwd, prompt="w1 w2") -> str:
+    """generate.py's greedy continuation of prompt (its output but the timings), run in process in cwd."""
+    result = run_in_process("generate.py", "--ckpt", str(ckpt), "--prompt", prompt, "--num_tokens", "24",
+                            "--temperature", "0", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.split("model.pt: ", 1)[1].split("\n", 1)[1]  # after the line that says what generates
+    return text.split("tokens/s")[0].rsplit("\n", 1)[0]
+
+
+@pytest.mark.parametrize("kind", ["no prefix space", "prefix space", "sentencepiece"])
+def test_a_moved_run_folder_generates_the_same_tokens_without_the_model_folder(tiny_gpt2, tmp_path, kind):
+    """Converted from hf:FOLDER, then the run's folder moved elsewhere and FOLDER and the token cache deleted: it
+    generates what it did (it failed: "run it where the model was trained"), for each kind of tokenizer."""
+    from conftest import TOKENIZERS
+    folder, corpus, _ = tiny_gpt2
+    shutil.copytree(folder, tmp_path / "hf")
+    TOKENIZERS[kind](corpus).save(str(tmp_path / "hf" / "tokenizer.json"))  # at most 300 tokens: GPT-2's table
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{tmp_path / 'hf'}",
+                            "--dataset", corpus, "--out_dir", "run", "--cache_dir", "cache", *FINETUNE,
+                            "--max_steps", "2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    before = greedy_text("run/model.pt", tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    shutil.move(tmp_path / "run", tmp_path / "elsewhere" / "run")
+    shutil.rmtree(tmp_path / "hf"), shutil.rmtree(tmp_path / "cache")
+    after = greedy_text(tmp_path / "elsewhere/run/model.pt", tmp_path / "elsewhere")
+    print(kind, repr(before))
+    assert after == before and before.startswith("w1 w2") and len(before) > len("w1 w2")
+
+
+def test_args_json_records_the_vocabulary_of_the_tokenizer(tiny_gpt2, finetuned):
+    """--vocab_size sizes the project's BPE: a pretrained tokenizer's own size is what args.json says (it said 8000,
+    the flag's default, for a model of 288 tokens)."""
+    from tokenizers import Tokenizer
+    run_dir, _ = finetuned
+    saved = json.loads((run_dir / "args.json").read_text())
+    tokens = Tokenizer.from_file(str(tiny_gpt2[0] / "tokenizer.json")).get_vocab_size()
+    assert saved["vocab_size"] == tokens == torch.load(run_dir / "model.pt", weights_only=True)["config"]["vocab_size"]
+
+
+def test_a_prompt_starts_after_the_end_of_a_line_and_prints_as_given(finetuned):
+    """generate.py feeds a prompt as a line of the corpus: the end of a line (GPT-2's newline token), then its words
+    as they follow one; the text printed is the prompt's own."""
+    run_dir, _ = finetuned
+    args = generate.get_args(["--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2"])
+    model, lm = generate.load_model(args, torch.device("cpu"))
+    rows = generate.prompt_rows(model, lm, args, torch.device("cpu"))
+    newline = lm.tokenizer.token_to_id("Ċ")
+    assert rows == [[newline] + lm.tokenizer.encode("w1 w2").ids] and generate.text_of(lm, rows[0]) == "w1 w2"

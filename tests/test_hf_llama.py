@@ -176,8 +176,33 @@ def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_
               "--check", cwd=run_dir)
     print(gen.stdout[-600:])
     assert_check_passes(gen.stdout)
-    # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 46 tokens x 4 B
-    assert "folded, Eq. 8" not in gen.stdout and "a KV cache of that length holds 11.5 KiB" in gen.stdout
+    # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 47 tokens (a line's
+    # end, the prompt's 6, 40 new) x 4 B
+    assert "folded, Eq. 8" not in gen.stdout and "a KV cache of that length holds 11.8 KiB" in gen.stdout
+
+
+def test_a_run_of_earlier_code_generates_from_its_token_cache(finetuned_llama, tmp_path):
+    """A Llama converted before checkpoints kept their tokenizer, whose token cache is of PRETRAINED_FORMAT 1 (each
+    line's words re-joined): generate.py reads the tokenizer from that cache, as it did then, and generates what the
+    run generates now (it failed: "format changed")."""
+    from conftest import run_in_process
+    from support.checkpoints import load_checkpoint, save_checkpoint
+    run_dir, _ = finetuned_llama
+    checkpoint = load_checkpoint(str(run_dir / "model.pt"))
+    shutil.copytree(run_dir.parent / "cache", tmp_path / "cache")
+    for meta in (tmp_path / "cache").glob("*/meta.json"):
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "format": 1}))
+    del checkpoint["tokenizer"], checkpoint["checksum"], checkpoint["checksum_all"]
+    save_checkpoint(str(tmp_path / "model.pt"), {**checkpoint, "args": {**checkpoint["args"],
+                                                                         "cache_dir": str(tmp_path / "cache")}})
+    texts = []
+    for ckpt in (run_dir / "model.pt", tmp_path / "model.pt"):
+        result = run_in_process("generate.py", "--ckpt", str(ckpt), "--prompt", "w3 w4", "--num_tokens", "16",
+                                "--temperature", "0", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        texts.append(result.stdout.split("model.pt: ", 1)[1].split("\n", 1)[1].split("\n\n")[0])
+    print(texts)
+    assert texts[0] == texts[1] and texts[0].startswith("w3 w4")
 
 
 def continuations(model, prompts, num_tokens=6):

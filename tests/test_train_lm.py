@@ -273,6 +273,19 @@ def test_an_unfinished_teacher_is_not_resumed_with_other_flags(run_here, tmp_pat
     assert torch.load(tmp_path / "out/tiny-softmax-random/ckpt.pt", weights_only=True)["step"] == 1  # untouched
 
 
+def test_an_unfinished_teacher_is_finished_with_the_vocabulary_its_args_json_records(run_here, tmp_path):
+    """args.json records a word-level run's own vocabulary (42 words here), not --vocab_size's 8000, which sizes a
+    BPE: the teacher of a student with the same flags is still the same teacher, finished, then converted."""
+    corpus = write_corpus(str(tmp_path / "tiny"))
+    assert run_here("train_lm.py", "--dataset", corpus, *TINY, "--max_steps", "12", "--warmup_steps", "2",
+                    "--stop_at", "1", cwd=tmp_path).returncode == 0  # the student's teacher's flags
+    assert json.loads((tmp_path / "out/tiny-softmax-random/args.json").read_text())["vocab_size"] == 42
+    student = run_here("train_lm.py", "--dataset", corpus, *TINY, "--init", "pretrained", "--max_steps", "6",
+                       cwd=tmp_path)
+    assert student.returncode == 0, student.stderr
+    assert torch.load(tmp_path / "out/tiny-softmax-random/model.pt", weights_only=True)["step"] == 12
+
+
 def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
     (tmp_path / "args.json").write_text(json.dumps({name: 1 for name in ("src", "tgt", "max_len", "max_tokens")}))
     with pytest.raises(runtime.UserError, match="is not a train_lm.py run .* the script that trained it"):
@@ -300,12 +313,14 @@ def test_generate_by_default_samples_what_train_lm_init_pretrained_writes(run_he
     assert f"{default_run}/model.pt" in result.stdout and "t2r.py's step" in result.stdout
 
 
-def test_generate_elsewhere_builds_no_token_cache_there(run_here, trained, tmp_path):
-    """The tokenizer is read from the token cache the training wrote (data/cache, relative to where it ran): run from
-    another folder, generate.py says so in one line, and leaves no data/cache behind (it used to build one)."""
+def test_generate_elsewhere_reads_the_checkpoints_tokenizer_and_builds_no_token_cache(run_here, trained, tmp_path):
+    """The tokenizer is kept in the checkpoint: run from another folder than the training's (whose data/cache is
+    relative to where it ran), generate.py generates, and leaves no data/cache behind (it used to build one, then
+    to refuse: "run it where the model was trained")."""
     tmp, _ = trained
-    result = run_here("generate.py", "--ckpt", str(tmp / "out/tiny-t2r-random/model.pt"), cwd=tmp_path)
-    assert_one_line_error(result, "there is no token cache of", "run it where the model was trained")
+    result = run_here("generate.py", "--ckpt", str(tmp / "out/tiny-t2r-random/model.pt"), "--num_tokens", "5",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
     assert not (tmp_path / "data").exists()
 
 
@@ -336,11 +351,11 @@ def test_one_prompt_is_printed_once_then_the_same_greedy_picks_in_either_mode(ru
 def test_generate_samples_several_continuations_as_one_batch(run_here, trained):
     tmp, _ = trained
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
-                      "6", "--num_samples", "3", "--seed", "3", cwd=tmp)
-    assert result.returncode == 0, result.stderr
+                      "6", "--num_samples", "3", "--seed", "3", "--temperature", "2", cwd=tmp)  # its 2 steps put 0.9
+    assert result.returncode == 0, result.stderr  # on its last word after a line's end: flattened, samples differ
     samples = result.stdout.split("--- sample ")[1:]
     assert [s.split("\n")[0] for s in samples] == ["0", "1", "2"]
-    texts = [s.split("\n")[1].split() for s in samples]
+    texts = [s.split("\n", 1)[1].split("\n\n")[0].split() for s in samples]  # its words, an <eos> a new line
     assert all(t[:2] == ["w1", "w2"] and len(t) >= 3 for t in texts) and len({" ".join(t) for t in texts}) > 1
     assert "3 x 6 tokens" in result.stdout
 
@@ -375,7 +390,7 @@ def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(ru
 
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
     """generate.py decodes with t2r.py's step unrolled, whose Eq. 7 is t2r.py's read_state: one call per layer and
-    token fed in (the prompt's last token and every new one but the last; the first prompt token is fed as prefill)."""
+    token fed in (the prompt's tokens, and every new one but the last)."""
     tmp, _ = trained
     calls = []
 
@@ -389,7 +404,7 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
                       "5", cwd=tmp)
     assert result.returncode == 0, result.stderr
     assert "t2r.py's step, unrolled" in result.stdout
-    assert len(calls) == 2 * (1 + 5)  # 2 layers; prefill 1 + 5 new tokens
+    assert len(calls) == 2 * (3 + 4)  # 2 layers; the prompt's 3 tokens (a line's end, w1, w2), 4 of the 5 new ones
 
 
 # -----------------------------------------------------------------------------
@@ -433,11 +448,24 @@ def run_on_changed_data(tmp_path_factory):
 @pytest.mark.parametrize("script, argv", [
     ("train_lm.py", ["--resume", "--out_dir", "r"]),
     ("train_lm.py", ["--eval_only", "--out_dir", "r"]),
-    ("generate.py", ["--ckpt", "r/model.pt"]),
 ])
 def test_a_run_on_changed_data_is_refused(run_here, run_on_changed_data, script, argv):
     result = run_here(script, *argv, cwd=run_on_changed_data)
     assert_one_line_error(result, "trained on another")
+
+
+def test_generate_keeps_the_vocabulary_a_model_was_trained_with(run_here, run_on_changed_data, tmp_path):
+    """The checkpoint keeps its tokenizer: a corpus whose word ids changed since does not change the words it
+    generates. A run of earlier code reads the token cache, which it was not trained on: refused."""
+    result = run_here("generate.py", "--ckpt", "r/model.pt", "--prompt", "w39 w38", "--num_tokens", "5",
+                      "--temperature", "0", cwd=run_on_changed_data)
+    assert result.returncode == 0, result.stderr
+    assert "--- " not in result.stdout and "\nw39 w38" in result.stdout
+    earlier = torch.load(run_on_changed_data / "r/model.pt", weights_only=True)
+    del earlier["tokenizer"], earlier["checksum_all"]
+    torch.save(earlier, tmp_path / "model.pt")
+    result = run_here("generate.py", "--ckpt", str(tmp_path / "model.pt"), cwd=run_on_changed_data)
+    assert_one_line_error(result, "trained on another tokenizer")
 
 
 def test_a_second_trainer_on_the_same_out_dir_is_refused(run_here, tmp_path, corpus):
@@ -733,13 +761,24 @@ def test_tokens_per_second_leaves_out_evaluation(run_here, corpus, tmp_path, mon
 
 @pytest.mark.parametrize("flag, value", [("dataset", ["ptb"]), ("cache_dir", 3), ("vocab_size", "big")])
 def test_a_checkpoint_whose_saved_data_flags_are_damaged_is_refused(run_here, trained, tmp_path, flag, value):
-    """A saved args.dataset that is not a string was a traceback in generate.py."""
+    """A saved args.dataset that is not a string was a traceback in generate.py (a run of earlier code, whose
+    checkpoint has no tokenizer of its own: generate.py finds it with those flags)."""
     tmp, _ = trained
     checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
     checkpoint["args"][flag] = value  # hand-made: no checksum of everything
-    del checkpoint["checksum_all"]
+    del checkpoint["checksum_all"], checkpoint["tokenizer"]
     torch.save(checkpoint, tmp_path / "model.pt")
     assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path), f"saved --{flag} is {value!r}")
+
+
+@pytest.mark.parametrize("change", [{"eos_id": "1"}, {"vocab_size": 3}, {"tokenizer_json": "{"}])
+def test_a_checkpoint_whose_tokenizer_is_damaged_is_refused(run_here, trained, tmp_path, change):
+    tmp, _ = trained
+    checkpoint = torch.load(tmp / "out/tiny-t2r-random/model.pt", weights_only=True)
+    checkpoint["tokenizer"].update(change)  # hand-made: no checksum of everything
+    del checkpoint["checksum_all"]
+    torch.save(checkpoint, tmp_path / "model.pt")
+    assert_one_line_error(run_here("generate.py", "--ckpt", "model.pt", cwd=tmp_path), "tokenizer is damaged")
 
 
 def test_the_address_space_limit_counts_as_memory(monkeypatch):
