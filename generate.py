@@ -231,7 +231,8 @@ def get_args(argv=None):
     p = Parser(prog="generate.py", description="Generate text from a t2r language-model checkpoint.")
     p.add_argument("--ckpt", default="out/ptb-t2r-pretrained/model.pt", help="model.pt (or ckpt.pt) written by train_lm.py")
     p.add_argument("--prompt", action="append", help="text to continue, fed as a line of the corpus: after an end of "
-                   "line, with the leading space its lines have (words outside the vocabulary become <unk>); repeat it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
+                   "line, with the leading space its lines have (words outside the vocabulary become <unk>); repeat "
+                   "it for a batch of prompts, each continued as alone: greedy, the same tokens; sampled, from the "
                    "same distribution (default: the)")
     p.add_argument("--num_tokens", type=positive_int, default=100, help="tokens to generate per sample")
     p.add_argument("--num_samples", type=positive_int, default=1, help="samples, generated as one batch")
@@ -261,7 +262,8 @@ def get_args(argv=None):
 
 
 def load_model(args, device):
-    """The checkpoint's language model (folded, Eq. 8, unless --no_fold) in eval mode, and its tokenizer."""
+    """The checkpoint's language model (folded, Eq. 8, unless --no_fold) in eval mode, its tokenizer, and the length
+    of the sequences it was trained on (None where its flags do not say)."""
     checkpoint = load_checkpoint(args.ckpt)
     if checkpoint["config"].get("n_encoder_layer"):
         raise UserError(f"{args.ckpt} is a translation model, not a language model")
@@ -272,7 +274,8 @@ def load_model(args, device):
         raise UserError(f"the tokenizer has {lm.vocab_size} tokens, {args.ckpt} has {model.config.vocab_size}: "
                         f"its data cache changed; retrain or restore the cache")
     check_identity(checkpoint, {"tokenizer": lm.tokenizer_sha1}, args.ckpt)  # same words, same ids
-    return model, lm
+    trained = checkpoint.get("args", {}).get("block_size")  # the longest sequence it was trained on
+    return model, lm, trained if isinstance(trained, int) and not isinstance(trained, bool) else None
 
 
 SAVED_DATA_FLAGS = {"dataset": (str,), "data_dir": (str, type(None)), "tokenizer": (str,), "cache_dir": (str,),
@@ -306,7 +309,7 @@ def load_tokenizer(checkpoint):
                         f"trained") from None
 
 
-def prompt_rows(model, lm, args, device) -> list:
+def prompt_rows(model, lm, args, device, trained: int | None = None) -> list:
     """Each --prompt's ids once per sample, a row each, after the checks that they can be generated. A prompt is
     encoded as a line of the corpus (data.TextCodec.encode_prompt): its row starts with the end of a line."""
     try:
@@ -324,6 +327,7 @@ def prompt_rows(model, lm, args, device) -> list:
                         "recurrent, or one --prompt")
     longest = max(map(len, prompts))
     check_positions(traits(model).max_positions, longest, args)
+    note_past_training(trained, longest, args)
     check_generation_fits(model, args, device, longest, len(prompts) * args.num_samples)
     return [ids for ids in prompts for _ in range(args.num_samples)]
 
@@ -334,6 +338,16 @@ def check_positions(limit: int, prompt_length: int, args):
         room = f"use --num_tokens {limit + 1 - prompt_length} at most" if prompt_length <= limit else "shorten --prompt"
         raise UserError(f"the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run past the {limit} "
                         f"positions {args.ckpt} has learned: {room}")
+
+
+def note_past_training(trained: int | None, prompt_length: int, args):
+    """Positions past the training's sequences are not refused where nothing ends there (sinusoids, rotary angles,
+    a recurrence), but nothing was learned there either: said once, before generating."""
+    last = prompt_length + args.num_tokens - 1  # the positions fed in: the prompt and all but the last new token
+    if trained and last > trained:
+        print(f"note: the prompt's {prompt_length} tokens and --num_tokens {args.num_tokens} run to position {last}, "
+              f"past the {trained} tokens {args.ckpt} was trained on (its --block_size): what it generates there, "
+              f"it was never trained to")
 
 
 def check_generation_fits(model, args, device, prompt_length: int, rows: int):
@@ -423,8 +437,8 @@ def main():
     args = get_args()
     decoding_kernels()
     device = get_device(args.device)
-    model, lm = load_model(args, device)
-    rows = prompt_rows(model, lm, args, device)  # each prompt's samples
+    model, lm, trained = load_model(args, device)
+    rows = prompt_rows(model, lm, args, device, trained)  # each prompt's samples
     recurrent = args.mode == "recurrent"
     decoder = make_decoder(model, args, max(map(len, rows)) + args.num_tokens) if recurrent else model
     print(first_line(model, decoder, args))

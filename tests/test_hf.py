@@ -408,7 +408,7 @@ def test_a_prompt_starts_after_the_end_of_a_line_and_prints_as_given(finetuned):
     as they follow one; the text printed is the prompt's own."""
     run_dir, _ = finetuned
     args = generate.get_args(["--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2"])
-    model, lm = generate.load_model(args, torch.device("cpu"))
+    model, lm, _ = generate.load_model(args, torch.device("cpu"))
     rows = generate.prompt_rows(model, lm, args, torch.device("cpu"))
     newline = lm.tokenizer.token_to_id("Ċ")
     assert rows == [[newline] + lm.tokenizer.encode("w1 w2").ids] and generate.text_of(lm, rows[0]) == "w1 w2"

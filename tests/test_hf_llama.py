@@ -205,6 +205,20 @@ def test_a_run_of_earlier_code_generates_from_its_token_cache(finetuned_llama, t
     assert texts[0] == texts[1] and texts[0].startswith("w3 w4")
 
 
+@pytest.mark.parametrize("num_tokens, past", [(8, False), (40, True)])
+def test_generating_past_the_trained_length_is_said_once(finetuned_llama, tmp_path, num_tokens, past):
+    """Rotary angles have no end, so nothing refuses position 33 of a model finetuned on 32-token sequences; it says
+    so once, before generating, and only then."""
+    from conftest import run_in_process
+    run_dir, _ = finetuned_llama
+    result = run_in_process("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w3 w4", "--num_tokens",
+                            str(num_tokens), "--temperature", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note: ")]
+    print(notes)
+    assert len(notes) == int(past) and all("past the 32 tokens" in note and "--block_size" in note for note in notes)
+
+
 def continuations(model, prompts, num_tokens=6):
     """Greedy continuations of prompts (lists of ids) generated as one batch, and the logits of their picks."""
     import generate
