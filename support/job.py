@@ -16,6 +16,7 @@ import torch.distributed as dist
 from support.checkpoints import load_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.hf import is_hf
+from support.run_files import nothing_to_resume
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
                              serializable, setup_distributed)
@@ -129,7 +130,10 @@ def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):
     args.explicit = explicit_flags(parser, argv)
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
-        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS,
+        out_dir = args.out_dir or default_out_dir(args, attn, args.init)
+        if args.resume and not any(os.path.isfile(os.path.join(out_dir, name)) for name in ("args.json", "ckpt.pt")):
+            raise UserError(nothing_to_resume(out_dir))  # stopped before its flags were saved (open_run: its weights)
+        take_saved_flags(args, out_dir, INVOCATION_FLAGS,
                          growable if args.resume else (), script=parser.prog, lowerable=("lr",) if args.resume else ())
     return args
 

@@ -279,6 +279,14 @@ def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
         train_lm.get_args(["--resume", "--out_dir", str(tmp_path)])
 
 
+def test_resuming_a_run_stopped_before_it_saved_its_flags_says_to_start_again(tmp_path):
+    """As a conversion stopped while its Hugging Face teacher is evaluated: the folder holds that evaluation only.
+    (Stopped after its flags, before its first checkpoint: tests/test_transfer.py.)"""
+    (tmp_path / "teacher_results.json").write_text("{}")
+    with pytest.raises(runtime.UserError, match="nothing to resume in .*: .* the same command without --resume"):
+        train_lm.get_args(["--resume", "--out_dir", str(tmp_path)])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--ckpt", "nope.pt"], "no checkpoint"),
     (["--ckpt", "out/tiny-softmax-random/model.pt", "--prompt", "  "], "empty"),
