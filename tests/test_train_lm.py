@@ -9,6 +9,7 @@ import gc
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,29 @@ def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
     assert "valid ppl" in evaluated.stdout
     results = json.loads((tmp_path / "out/tiny-t2r-pretrained/results.json").read_text())
     assert results["attn"] == "t2r+pretrain" and results["k"] == 8
+
+
+def test_the_conversion_table_gives_the_softmax_controls_command_then_its_row(run_here, trained, tmp_path):
+    """The teacher's row is the model before finetuning, which alone improves a briefly trained teacher: the table
+    says so and gives the fair comparison's command, the softmax control (the same flags, --attn softmax, its own
+    folder); once the control has run, a conversion of the same budget shows its row."""
+    tmp, corpus = trained
+    flags = ["--init", "pretrained", "--pretrained", str(tmp / "out/tiny-softmax-random/model.pt"), "--dataset", corpus,
+             "--max_steps", "2", *TINY]
+    converted = run_here("train_lm.py", *flags, cwd=tmp_path)
+    note = converted.stdout.strip().splitlines()[-1]
+    print(note)
+    assert note.startswith("softmax (pretrained) is the teacher before finetuning")
+    command = shlex.split(note.split(": python ", 1)[1])
+    assert command[0] == "train_lm.py" and command[-4:] == ["--attn", "softmax", "--out_dir",
+                                                            "out/tiny-softmax-pretrained"]
+    assert "--feature_size" not in command and "--chunk_size" not in command  # the conversion's own: not the control's
+    assert run_here(*command, cwd=tmp_path).returncode == 0
+    control = json.loads((tmp_path / "out/tiny-softmax-pretrained/results.json").read_text())
+    converted_again = run_here("train_lm.py", *flags, "--attn", "elu", cwd=tmp_path)  # another conversion, the same steps
+    print(converted_again.stdout[-700:])
+    assert f"| softmax+pretrain (control) | - | {control['valid']['ppl']:.2f} |" in converted_again.stdout
+    assert "the fair comparison is softmax+pretrain (control)" in converted_again.stdout.strip().splitlines()[-1]
 
 
 def final_state(path):
