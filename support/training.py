@@ -189,7 +189,7 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # a NaN or inf loss since the last check
     with CtrlC() as ctrl_c:
         if checkpoint and task.milestone(p.step) and not (p.curve and p.curve[-1][0] == p.step):
-            evaluate_and_save(task, raw_model, optimizer, scaler, p)  # stopped during it: saved before, done now
+            t_log += evaluate_and_save(task, raw_model, optimizer, scaler, p)  # saved before it, stopped during it
         while p.step < task.steps and (args.stop_at is None or p.step < args.stop_at):
             t_step, lr = time.time(), task.lr(p.step)
             set_lr(optimizer, lr)
