@@ -221,7 +221,7 @@ def train_run(args, ddp) -> dict:
         task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
     if args.init == "pretrained" and not args.resume:
-        print_conversion_table(LMTask, args, ddp, teacher_results, results)
+        print_conversion_table(LMTask, args, ddp, teacher_results, results, default_out_dir)
     return results
 
 
@@ -292,7 +292,8 @@ class LMTask(Task):
                      self.args.eval_windows)
         return r["nll"] / r["tokens"]
 
-    def report(self, model, train_seconds):
+    def report(self, model, train_seconds, name: str | None = None):
+        """The final evaluation (results.json), printed under `name` (default: the run's folder)."""
         args = self.args
         results = {split: perplexities(evaluate(model, getattr(self.data, split), self.data.eos_id, args, self.device,
                                                 self.dtype, self.ddp), self.data.n_words.get(split), args.tokenizer)
@@ -304,7 +305,7 @@ class LMTask(Task):
             line = f"valid ppl {results['valid']['ppl']:.2f} | test ppl {results['test']['ppl']:.2f}"
             if "word_ppl" in results["test"]:
                 line += f" | word-level valid {results['valid']['word_ppl']:.2f} test {results['test']['word_ppl']:.2f}"
-            print(f"{args.out_dir}: {line} | {results['train_minutes']:.1f} train minutes")
+            print(f"{name or args.out_dir}: {line} | {results['train_minutes']:.1f} train minutes")
         return results
 
     @staticmethod
@@ -366,7 +367,7 @@ def load_lm_teacher(args, task):
             args.dropout = teacher.config.dropout  # GPT-2's own (resid_pdrop), not the small model's default
         check_training_fits(task, lambda: meta_twin(teacher))  # before its evaluation (hours for a large model)
         print(f"{args.pretrained} as it is (softmax, not finetuned); {protocol(args, lm)}:")
-        results = task.report(teacher.to(task.device), 0.0)
+        results = task.report(teacher.to(task.device), 0.0, name=args.pretrained)  # not under the student's folder
         if task.ddp.is_main:
             write_json(os.path.join(args.out_dir, TEACHER_RESULTS), {**results, "attn": f"{args.pretrained} (softmax)"})
         return teacher

@@ -252,7 +252,7 @@ def train_run(args, ddp) -> dict:
         task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
     if args.init == "pretrained" and not args.resume:
-        print_conversion_table(MTTask, args, ddp, teacher_results, results)
+        print_conversion_table(MTTask, args, ddp, teacher_results, results, default_out_dir)
     return results
 
 

@@ -6,6 +6,7 @@ the softmax teacher (trained first when missing, loaded and checked), and the co
 import argparse
 import json
 import os
+import shlex
 import sys
 from contextlib import contextmanager
 from dataclasses import replace
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from support.checkpoints import load_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.hf import is_hf
+from support.run_files import nothing_to_resume
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
                              serializable, setup_distributed)
@@ -129,7 +131,10 @@ def adopt_saved_run(parser, argv, default_out_dir, growable: tuple = ()):
     args.explicit = explicit_flags(parser, argv)
     if args.resume or args.eval_only:
         attn = args.attn or ("t2r" if args.init == "pretrained" else "softmax")
-        take_saved_flags(args, args.out_dir or default_out_dir(args, attn, args.init), INVOCATION_FLAGS,
+        out_dir = args.out_dir or default_out_dir(args, attn, args.init)
+        if args.resume and not any(os.path.isfile(os.path.join(out_dir, name)) for name in ("args.json", "ckpt.pt")):
+            raise UserError(nothing_to_resume(out_dir))  # stopped before its flags were saved (open_run: its weights)
+        take_saved_flags(args, out_dir, INVOCATION_FLAGS,
                          growable if args.resume else (), script=parser.prog, lowerable=("lr",) if args.resume else ())
     return args
 
@@ -328,13 +333,48 @@ def announce_conversion(model, args):
           + (f"; new parameters: {added} only ({new:,})" if new else "; no new parameters"))
 
 
-def print_conversion_table(task_class, args, ddp, teacher_results, results):
-    """The teacher's row (trained first, or read beside it) above the finetuned model's."""
+def print_conversion_table(task_class, args, ddp, teacher_results, results, default_out_dir):
+    """The teacher's row (trained first, or read beside it), the softmax control's once it has run, and the finetuned
+    model's; then a line on what the teacher's row is, with the control's command while it has not run.
+    default_out_dir(args, attn, init) names a run's folder (the control's: its name, beside this run's)."""
     if not (ddp.is_main and results):
         return
     teacher_results = teacher_results or read_results(teacher_results_file(args))
     name = f"{args.pretrained} (softmax, not finetuned)" if is_hf(args.pretrained) else "softmax (pretrained)"
-    task_class.print_table(([(name, teacher_results)] if teacher_results else []) + [(results["attn"], results)])
+    control_dir = os.path.join(os.path.dirname(os.path.normpath(args.out_dir)),
+                               os.path.basename(default_out_dir(args, "softmax", "pretrained")))
+    control = control_results(args, control_dir) if args.attn != "softmax" else None  # (this run is the control)
+    task_class.print_table(([(name, teacher_results)] if teacher_results else [])
+                           + ([(f"{control['attn']} (control)", control)] if control else [])
+                           + [(results["attn"], results)])
+    if args.attn != "softmax":  # a briefly trained teacher, or one new to the data, gains from the steps alone
+        fair = (f"{control['attn']} (control), finetuned as long ({control_dir})" if control else
+                f"the softmax control finetuned as long: {control_command(args, control_dir)}")
+        print(f"\n{name} is the teacher before finetuning, which finetuning alone improves too; the fair comparison "
+              f"is {fair}")
+
+
+def control_command(args, out_dir: str) -> str:
+    """This conversion's softmax control as a command: the flags given on the command line, less the conversion's
+    own, with --attn softmax (the teacher finetuned as it is) and its own --out_dir."""
+    left_out = (CONVERSION_ONLY - {"pretrained"}) | {"attn", "out_dir", "resume", "eval_only", "stop_at"}
+    flags = []
+    for name, value in vars(args).items():  # in the parser's order
+        if name not in args.explicit or name in left_out:
+            continue
+        if isinstance(value, bool):  # a switch: --compile or --no-compile
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        else:  # a list is comma-separated (--adaptive_cutoffs 20000,60000)
+            flags += [f"--{name}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    return shlex.join(["python", os.path.basename(sys.argv[0]), *flags, "--attn", "softmax", "--out_dir", out_dir])
+
+
+def control_results(args, out_dir: str):
+    """The results.json of out_dir's run if it is this conversion's softmax control: the same teacher and data, the
+    same finetuning steps, not swapped (None otherwise)."""
+    saved = read_results(os.path.join(out_dir, "args.json")) or {}
+    same = all(saved.get(name) == getattr(args, name) for name in ("init", "pretrained", "dataset", "max_steps"))
+    return read_results(os.path.join(out_dir, "results.json")) if same and saved.get("attn") == "softmax" else None
 
 
 def teacher_results_file(args) -> str:

@@ -76,7 +76,14 @@ def open_run(task) -> dict | None:
         shown = ", ".join(left[:3]) + (" ..." if len(left) > 3 else "")
         raise UserError(f"{args.out_dir} holds {shown} of an earlier run that cannot be resumed (it has no ckpt.pt): "
                         f"delete them, or choose another --out_dir")
+    if args.resume and not os.path.exists(path):  # e.g. stopped before its first checkpoint
+        raise UserError(nothing_to_resume(args.out_dir))
     return load_checkpoint(path) if args.resume else None
+
+
+def nothing_to_resume(out_dir: str) -> str:
+    return (f"nothing to resume in {out_dir}: no checkpoint (ckpt.pt) was saved there; to start the run again, run "
+            f"the same command without --resume")
 
 
 def open_finished(task) -> dict:

@@ -32,7 +32,7 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C during training: the run saved its checkpoint and stops (exit status 130, as for SIGINT)."""
+    """Ctrl-C or SIGTERM during training: the run saved its checkpoint and stops (exit status 130, as for SIGINT)."""
 
 
 def run_main(main):

@@ -2,7 +2,8 @@
 The training loop of both trainers: train(task, model, checkpoint).
 
     resume exactly, gradient accumulation, DDP, logging, evaluate and save every --eval_interval, --stop_at,
-    one run per out_dir (a lock), a NaN guard, Ctrl-C that saves, and the run's identity in every checkpoint
+    one run per out_dir (a lock), a NaN guard, Ctrl-C and SIGTERM that save, and the run's identity in every
+    checkpoint
 
 train_lm.py and train_mt.py each define a Task (their data, loss and evaluation); their train_run() opens the run
 (support/run_files.py), makes the model and hands both to train(). Also here: the learning-rate schedules and the
@@ -151,6 +152,11 @@ class Task:
     def after_evaluation(self, model, step: int, train_seconds: float):
         """Called after each periodic evaluation, untimed."""
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ckpt.pt is saved after this step besides the evaluations' (before this step's evaluation, if it has
+        one): a stage shorter than --eval_interval saves as it goes."""
+        return False
+
     def final_model(self, model) -> tuple:
         """(the finished model, what model.pt says about it beyond the common fields)."""
         return model, {}
@@ -182,6 +188,8 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
     t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)  # a NaN or inf loss since the last check
     with CtrlC() as ctrl_c:
+        if checkpoint and task.milestone(p.step) and not (p.curve and p.curve[-1][0] == p.step):
+            t_log += evaluate_and_save(task, raw_model, optimizer, scaler, p)  # saved before it, stopped during it
         while p.step < task.steps and (args.stop_at is None or p.step < args.stop_at):
             t_step, lr = time.time(), task.lr(p.step)
             set_lr(optimizer, lr)
@@ -205,6 +213,11 @@ def train(task: Task, model, checkpoint: dict | None) -> dict:
                 log_step(bar, p, task, float(loss_sum) / steps, lr, tokens / (time.time() - t_log))
                 task.after_log(raw_model, p.step, steps * args.grad_accum)
                 t_log, loss_sum, steps, tokens = time.time(), 0.0, 0, 0
+            if task.checkpoint_due(p.step):
+                check_finite(nonfinite, task, p)
+                t_save = time.time()
+                save_run(task, raw_model, optimizer, scaler, p)
+                t_log += time.time() - t_save  # left out of the next tok/s, as evaluations are
             if p.step % args.eval_interval == 0 or last or task.milestone(p.step):
                 check_finite(nonfinite, task, p)
                 t_log += evaluate_and_save(task, raw_model, optimizer, scaler, p)  # left out of the next tok/s
@@ -234,19 +247,23 @@ def evaluate_and_save(task: Task, model, optimizer, scaler, p: Progress) -> floa
 
 
 class CtrlC:
-    """The first Ctrl-C (SIGINT) asks the loop to stop after the step in progress and save; a second one stops
-    at once. Saving between steps keeps the resumed run exact (the batch generator has drawn whole steps)."""
+    """The first Ctrl-C (SIGINT), or SIGTERM (`kill`, a scheduler ending the job), asks the loop to stop after the step
+    in progress and save; a second one stops at once. Saving between steps keeps the resumed run exact (the batch
+    generator has drawn whole steps)."""
+
+    SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
     def __enter__(self):
         self.flag = False
-        self.previous = signal.signal(signal.SIGINT, self.handle)
+        self.previous = {signum: signal.signal(signum, self.handle) for signum in self.SIGNALS}
         return self
 
     def handle(self, signum, frame):
+        name = self.SIGNALS[signum]
         if self.flag:
-            raise Interrupted("Ctrl-C again: stopped at once, without saving; the last checkpoint saved is kept")
+            raise Interrupted(f"{name} again: stopped at once, without saving; the last checkpoint saved is kept")
         self.flag = True
-        tqdm.write("Ctrl-C: saving after this step (press it again to quit without saving)")
+        tqdm.write(f"{name}: saving after this step (a second one quits without saving)")
 
     def pressed(self, ddp: Distributed, device, agree: bool) -> bool:
         """Whether to stop now. One process asks its own flag at every step; under DDP the processes must stop at
@@ -256,7 +273,8 @@ class CtrlC:
         return agree and bool(all_reduce_sum(torch.tensor(float(self.flag), device=device), ddp).item())
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
 
 
 class Diverged(UserError):

@@ -46,6 +46,11 @@ class TransferFirst:
     def milestone(self, step: int) -> bool:  # the stage's end is logged and evaluated
         return step == self.transfer_steps
 
+    def checkpoint_due(self, step: int) -> bool:
+        """ckpt.pt at each of the stage's log lines, and at its end before the evaluation (a full one, as a run's end):
+        the stage is shorter than --eval_interval, and a run stopped in it or in that evaluation resumes from there."""
+        return step <= self.transfer_steps and (step % self.args.log_interval == 0 or step == self.transfer_steps)
+
     def stage(self, step: int) -> str:
         return " (transfer)" if step <= self.transfer_steps else self.task.stage(step)
 

@@ -174,6 +174,16 @@ def test_the_job_prints_the_teachers_row_and_word_level_perplexity(tiny_gpt2, fi
         assert math.log(test["word_ppl"]) * words == pytest.approx(math.log(test["ppl"]) * test["tokens"], rel=1e-6)
 
 
+def test_the_teachers_score_is_printed_under_the_teachers_name(tiny_gpt2, finetuned):
+    folder, _, _ = tiny_gpt2
+    run_dir, stdout = finetuned
+    lines = stdout.splitlines()
+    announced = next(i for i, line in enumerate(lines) if line.startswith(f"hf:{folder} as it is (softmax"))
+    print(lines[announced + 1])
+    assert lines[announced + 1].startswith(f"hf:{folder}: valid ppl ")  # not the student's folder, run_dir
+    assert sum(line.startswith(f"{run_dir}: valid ppl ") for line in lines) == 2  # after the transfer, finetuned
+
+
 def test_the_checkpoint_keeps_gpt2s_switches_and_its_tokenizer(finetuned):
     run_dir, _ = finetuned
     checkpoint = torch.load(run_dir / "model.pt", weights_only=True)

@@ -9,6 +9,7 @@ import gc
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -63,6 +64,29 @@ def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
     assert "valid ppl" in evaluated.stdout
     results = json.loads((tmp_path / "out/tiny-t2r-pretrained/results.json").read_text())
     assert results["attn"] == "t2r+pretrain" and results["k"] == 8
+
+
+def test_the_conversion_table_gives_the_softmax_controls_command_then_its_row(run_here, trained, tmp_path):
+    """The teacher's row is the model before finetuning, which alone improves a briefly trained teacher: the table
+    says so and gives the fair comparison's command, the softmax control (the same flags, --attn softmax, its own
+    folder); once the control has run, a conversion of the same budget shows its row."""
+    tmp, corpus = trained
+    flags = ["--init", "pretrained", "--pretrained", str(tmp / "out/tiny-softmax-random/model.pt"), "--dataset", corpus,
+             "--max_steps", "2", *TINY]
+    converted = run_here("train_lm.py", *flags, cwd=tmp_path)
+    note = converted.stdout.strip().splitlines()[-1]
+    print(note)
+    assert note.startswith("softmax (pretrained) is the teacher before finetuning")
+    command = shlex.split(note.split(": python ", 1)[1])
+    assert command[0] == "train_lm.py" and command[-4:] == ["--attn", "softmax", "--out_dir",
+                                                            "out/tiny-softmax-pretrained"]
+    assert "--feature_size" not in command and "--chunk_size" not in command  # the conversion's own: not the control's
+    assert run_here(*command, cwd=tmp_path).returncode == 0
+    control = json.loads((tmp_path / "out/tiny-softmax-pretrained/results.json").read_text())
+    converted_again = run_here("train_lm.py", *flags, "--attn", "elu", cwd=tmp_path)  # another conversion, the same steps
+    print(converted_again.stdout[-700:])
+    assert f"| softmax+pretrain (control) | - | {control['valid']['ppl']:.2f} |" in converted_again.stdout
+    assert "the fair comparison is softmax+pretrain (control)" in converted_again.stdout.strip().splitlines()[-1]
 
 
 def final_state(path):
@@ -289,6 +313,14 @@ def test_an_unfinished_teacher_is_finished_with_the_vocabulary_its_args_json_rec
 def test_a_run_of_the_other_trainer_is_not_resumed(tmp_path):
     (tmp_path / "args.json").write_text(json.dumps({name: 1 for name in ("src", "tgt", "max_len", "max_tokens")}))
     with pytest.raises(runtime.UserError, match="is not a train_lm.py run .* the script that trained it"):
+        train_lm.get_args(["--resume", "--out_dir", str(tmp_path)])
+
+
+def test_resuming_a_run_stopped_before_it_saved_its_flags_says_to_start_again(tmp_path):
+    """As a conversion stopped while its Hugging Face teacher is evaluated: the folder holds that evaluation only.
+    (Stopped after its flags, before its first checkpoint: tests/test_transfer.py.)"""
+    (tmp_path / "teacher_results.json").write_text("{}")
+    with pytest.raises(runtime.UserError, match="nothing to resume in .*: .* the same command without --resume"):
         train_lm.get_args(["--resume", "--out_dir", str(tmp_path)])
 
 

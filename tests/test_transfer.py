@@ -7,6 +7,9 @@ window gates learn, and the error falls; then the transfer stage and --window in
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import types
 
 import pytest
@@ -14,8 +17,8 @@ import torch
 
 import after_t2r
 import t2r
-from conftest import (MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run,
-                      translations_in_process, write_corpus)
+from conftest import (MT_TINY, ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_line_error, lm_config, make,
+                      mt_config, report, run, run_in_process, translations_in_process, write_corpus)
 from support.runtime import write_json
 from support.transfer import TransferFirst
 from t2r import Seq2SeqTransformer, TransformerLM
@@ -145,19 +148,34 @@ def lm_teacher(tmp_path_factory):
     return tmp, corpus, str(tmp / "teacher/model.pt")
 
 
-def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher, run_here):
+@pytest.fixture(scope="module")
+def straight_transfer(lm_teacher):
+    """A conversion with a 4-step transfer stage (a window and dropout: both resumed) run without a stop: (its folder,
+    its flags, its output)."""
     tmp, corpus, teacher = lm_teacher
     common = ["--dataset", corpus, *TINY, "--init", "pretrained", "--pretrained", teacher, "--transfer_steps", "4",
               "--max_steps", "3", "--window", "4", "--dropout", "0.1"]
+    straight = run_in_process("train_lm.py", *common, "--out_dir", "straight", cwd=tmp)
+    assert straight.returncode == 0, straight.stderr
+    return tmp, common, straight
+
+
+def assert_same_run(tmp, run_dir):
+    """run_dir's last checkpoint is the uninterrupted run's: its step, its scores after the stage, its weights bit for
+    bit (the same machine, one thread: the same float32 operations in the same order)."""
+    a, b = (torch.load(tmp / name / "ckpt.pt", weights_only=True) for name in ("straight", run_dir))
+    assert a["step"] == b["step"] == 7 and b["after_transfer"], f"{run_dir}: step {b['step']}, no scores after the stage"
+    assert all(a["after_transfer"][split] == b["after_transfer"][split] for split in ("valid", "test"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_lm_transfer_stage_resumes_exactly_reports_and_generates(straight_transfer, run_here):
+    tmp, common, straight = straight_transfer
     in_process = lambda script, *argv: run_here(script, *argv, cwd=tmp)  # no subprocess: no torch import each
-    straight = in_process("train_lm.py", *common, "--out_dir", "straight")
     assert "step 4/7 (transfer)" in straight.stdout and "transfer error by layer: 0.self" in straight.stdout
     assert in_process("train_lm.py", *common, "--out_dir", "split", "--stop_at", "2").returncode == 0  # mid-transfer
     assert in_process("train_lm.py", "--resume", "--out_dir", "split").returncode == 0
-    a, b = (torch.load(tmp / run_dir / "ckpt.pt", weights_only=True) for run_dir in ("straight", "split"))
-    assert a["step"] == b["step"] == 7
-    assert all(a["after_transfer"][split] == b["after_transfer"][split] for split in ("valid", "test"))
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert_same_run(tmp, "split")
     results = json.loads((tmp / "straight/results.json").read_text())
     assert results["attn"] == "t2r+transfer+window4+pretrain"
     print(f"after transfer {results['after_transfer']['valid']['ppl']:.2f}, finetuned {results['valid']['ppl']:.2f}")
@@ -165,6 +183,73 @@ def test_lm_transfer_stage_resumes_exactly_reports_and_generates(lm_teacher, run
     out = in_process("generate.py", "--ckpt", "straight/model.pt", "--prompt", "w1 w2", "--num_tokens", "12", "--check")
     assert "softmax window of 4" in out.stdout, out.stdout
     assert_check_passes(out.stdout)
+
+
+# train_lm.py stopped by a signal it sends itself at a chosen point, as a user's `kill` or a cluster's preemption
+# would stop it there: during the stage's n-th batch (SIGTERM: the step ends and saves; SIGKILL: gone at once), or
+# right after the evaluation that ends the stage. argv: the point, the signal, n, then train_lm.py's flags.
+STOPPED = """
+import os, runpy, signal, sys
+from support import transfer
+point, signum, n = sys.argv[1], getattr(signal, sys.argv[2]), int(sys.argv[3])
+batches, transfer_batch, evaluated = [], transfer.attention_transfer, transfer.TransferFirst.after_evaluation
+
+def counting_batches(*args, **kwargs):
+    batches.append(1)
+    if point == "batch" and len(batches) == n:
+        os.kill(os.getpid(), signum)
+    return transfer_batch(*args, **kwargs)
+
+def then_stopped(self, model, step, seconds):
+    evaluated(self, model, step, seconds)
+    if point == "after its evaluation" and step == self.transfer_steps:
+        os.kill(os.getpid(), signum)
+
+transfer.attention_transfer, transfer.TransferFirst.after_evaluation = counting_batches, then_stopped
+sys.argv = ["train_lm.py", *sys.argv[4:]]
+runpy.run_path(os.path.join(os.environ["PYTHONPATH"], "train_lm.py"), run_name="__main__")
+"""
+
+
+def stopped_run(tmp, common, run_dir, point, signal_name, n=0):
+    result = subprocess.run([sys.executable, "-c", STOPPED, point, signal_name, str(n), *common, "--out_dir", run_dir],
+                            cwd=tmp, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **SCRIPT_ENV, "PYTHONPATH": ROOT})
+    print(result.stderr.strip()[-300:])
+    return result
+
+
+@pytest.mark.parametrize("point, signal_name, n", [
+    ("batch", "SIGTERM", 3),  # the 3rd of the stage's 4 steps: it ends, is saved, and the run stops
+    ("batch", "SIGKILL", 3),  # gone in the 3rd step: the stage's checkpoint at step 2 (TINY's --log_interval) is kept
+    ("after its evaluation", "SIGTERM", 0),
+    ("after its evaluation", "SIGKILL", 0),  # gone before the stage's scores were saved: evaluated again on --resume
+])
+def test_a_conversion_stopped_in_the_transfer_stage_resumes_exactly(straight_transfer, run_here, point, signal_name,
+                                                                      n):
+    tmp, common, _ = straight_transfer
+    run_dir = f"stopped-{point.replace(' ', '-')}-{signal_name}"
+    stopped = stopped_run(tmp, common, run_dir, point, signal_name, n)
+    if signal_name == "SIGTERM":  # as Ctrl-C: the step in progress ends, is saved, and the run says how to go on
+        assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr
+        assert f"saved {run_dir}/ckpt.pt; continue with --resume" in stopped.stderr
+    else:
+        assert stopped.returncode == -signal.SIGKILL, stopped.stderr
+    resumed = run_here("train_lm.py", "--resume", "--out_dir", run_dir, cwd=tmp)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_run(tmp, run_dir)
+
+
+def test_a_conversion_stopped_before_it_saved_says_to_start_again(straight_transfer, run_here):
+    """Killed in the stage's first step, before its first checkpoint: --resume says in one line that there is nothing
+    to resume and what to do instead, which then trains the run as if it had never stopped."""
+    tmp, common, _ = straight_transfer
+    assert stopped_run(tmp, common, "first-step", "batch", "SIGKILL", 1).returncode == -signal.SIGKILL
+    resumed = run_here("train_lm.py", "--resume", "--out_dir", "first-step", cwd=tmp)
+    assert_one_line_error(resumed, "nothing to resume in first-step", "the same command without --resume")
+    again = run_here("train_lm.py", *common, "--out_dir", "first-step", cwd=tmp)
+    assert again.returncode == 0, again.stderr
+    assert_same_run(tmp, "first-step")
 
 
 def test_the_translator_transfers_and_beam_searches_with_a_window(trained_translator, run_here, tmp_path):
