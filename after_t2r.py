@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
 from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, add_to_state, convert,
-                 linear_attention_chunked_sums, normalize, softmax_attention)
+                 linear_attention_chunked_sums, normalize, prefill_by_steps, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -166,6 +166,10 @@ class WindowLM(WindowLayers, FamilyLM):
 class WindowTranslator(WindowLayers, Seq2SeqTransformer):
     """The translator with window layers in its decoder's self-attention."""
 
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = 0):  # the window layers' parallel prefill is not written yet:
+        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token
+
 
 def window_model(config: WindowConfig):
     return (WindowTranslator if config.n_encoder_layer else WindowLM)(config)
@@ -293,3 +297,7 @@ class ConvLM(TransformerLM):
     def make_attention(self, kind: str, causal: bool, feature_size: int):
         return ConvAttention(ShortConv(self.config.d_model, self.config.short_conv),
                              super().make_attention(kind, causal, feature_size))
+
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = 0):  # the convolution's parallel prefill is not written yet:
+        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token

@@ -22,8 +22,8 @@ from layers.embedding import Embedding
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, read_state,
-                 softmax_attention)
+                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, prefill_by_steps,
+                 read_state, softmax_attention)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -364,3 +364,7 @@ class FamilyLM(TransformerLM):
         for layer, layer_state in zip(self.layers, layer_states):
             x = layer.step(x, layer_state, rotation)
         return self.output(x)
+
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = 0):  # its layers' parallel prefill (rotary angles, grouped heads)
+        return prefill_by_steps(self, tokens, state)   # is not written yet: t2r.py's reference, a step a token

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
+from t2r import prefill_by_steps
 
 
 @dataclass
@@ -216,3 +217,7 @@ class SRUppLM(nn.Module):
             x = layer.step(x, layer_state)
         state["pos"] += 1
         return self.lm_head(x), state
+
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = 0):  # the recurrence's parallel prefill is not written yet:
+        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token

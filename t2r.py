@@ -33,6 +33,7 @@ from layers.states import append_to_cache, full_precision, state_dtype, widened 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 # The one epsilon rule of every linear form: ReLU features can all be zero, and so the normaliser phi(q).z of Eq. 7
 EPS = 1e-6
+PREFILL_CHUNK = 2048  # positions a prefill reads in one parallel pass (a longer prompt goes in pieces of this size)
 
 
 @dataclass
@@ -228,6 +229,18 @@ def read_state(fq, Sz):  # fq (B, H, Q, k): Q queries read each head's state -> 
     return normalize(both[..., :-1], both[..., -1])  # Eq. 7
 
 
+# Prefill: a prompt's T positions in one parallel pass, from the state before them and into it, as a transformer reads
+# a prompt. Eq. 4's causal sums over the prompt's own pairs (chunked) plus what the state before it adds (Eq. 7, every
+# query at once); then the state moves on by the prompt's Eq. 5 sums. T steps of Eqs. 6-7 give the same (tests).
+
+def linear_attention_prefill(fq, fk, v, Sz, chunk_size: int):  # fq, fk (B, H, T, k), v (B, H, T, d) -> (B, H, T, d)
+    numerator, denominator = linear_attention_chunked_sums(fq, fk, v, chunk_size)  # Eq. 4 within the prompt
+    before = fq @ Sz  # phi(q_i)^T [S_0 | z_0]: the positions before the prompt (Eq. 7)
+    S, z = source_state(fk, v)  # Eq. 5 over the prompt: S_T = S_0 + sum_j phi(k_j) v_j^T, z_T = z_0 + sum_j phi(k_j)
+    Sz += torch.cat([S, z[..., None]], -1)  # in place, as a step's
+    return normalize(numerator + before[..., :-1], denominator + before[..., -1])
+
+
 # -----------------------------------------------------------------------------
 # Multi-head attention modules. Precision, stated once, at their boundary: the linear forms sum thousands of positions
 # into S and z, in float32 (float64 for a float64 model) even under autocast, whose bf16 keeps 8 significant bits.
@@ -284,6 +297,13 @@ class SoftmaxAttention(Attention):
         q, k, v = self.project_step(x, False)
         return self.merge_step(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))
 
+    def prefill(self, x, state):  # x (B, T, h): the prompt's keys and values join the cache at once -> (B, T, h)
+        q, k, v = self.project(x, x)
+        before, T = state["length"], x.shape[1]
+        keys, values = append_to_cache(state, k, v)  # (B, H, before + T, d)
+        sees = torch.ones(T, before + T, dtype=torch.bool, device=x.device).tril(before)  # key j <= before + i
+        return self.merge(F.scaled_dot_product_attention(q, keys, values, attn_mask=sees))
+
     def init_cross_state(self, source, key_mask):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
@@ -291,6 +311,10 @@ class SoftmaxAttention(Attention):
     def step_cross(self, x, state):
         q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)
         return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
+
+    def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's keys and values
+        q = self.heads(self.q_proj(x))
+        return self.merge(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
@@ -341,6 +365,14 @@ class LinearAttention(Attention):
             out = read_state(fq.to(Sz.dtype), Sz)  # Eq. 7
         return self.merge_step(out.to(x.dtype))
 
+    def prefill(self, x, state):  # x (B, T, h): the prompt, after the state's positions -> (B, T, h)
+        q, k, v = self.project(x, x)
+        (fq, fk), Sz = self.feature_map(q, k), state["Sz"]
+        with full_precision(x.device):
+            fq, fk, v = (t.to(Sz.dtype) for t in (fq, fk, v))
+            out = linear_attention_prefill(fq, fk, v, Sz, self.chunk_size or x.shape[1])  # Eqs. 4-5, 7
+        return self.merge(out.to(x.dtype))
+
     def init_cross_state(self, source, key_mask):  # [S | z] of the whole (masked) source, once per sentence
         (fk,) = self.feature_map(self.heads(self.k_proj(source)))
         with full_precision(source.device):
@@ -352,6 +384,12 @@ class LinearAttention(Attention):
         with full_precision(x.device):
             out = read_state(*widened(fq), state["Sz"])  # Eq. 7
         return self.merge_step(out.to(x.dtype))
+
+    def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's [S | z]
+        (fq,) = self.feature_map(self.heads(self.q_proj(x)))
+        with full_precision(x.device):
+            out = read_state(*widened(fq), state["Sz"])  # Eq. 7
+        return self.merge(out.to(x.dtype))
 
     def fold(self):  # Eq. 8, below
         fold_feature_map(self)
@@ -393,6 +431,13 @@ class Block(nn.Module):
         x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
+        return self.residual(x, self.norm2, self.ffn)
+
+    def prefill(self, x, state):
+        """x: (B, T, h), the T positions after the state's, in one parallel pass; the state moves past them."""
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.prefill(y, state["self"]))
+        if self.cross_attn is not None:
+            x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.prefill_cross(y, state["cross"]))
         return self.residual(x, self.norm2, self.ffn)
 
 
@@ -462,6 +507,21 @@ class TransformerBase(nn.Module):
             x = layer.step(x, layer_state)
         return self.output(x)
 
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = PREFILL_CHUNK):
+        """tokens (B, T) from position state['pos'] -> the logits (B, V) of the last one; the state moves past them, in
+        place. What T calls of step give, a parallel pass a chunk of `chunk` positions: memory stays bounded at any T
+        (but a KV cache's, which holds every position), and no logits are made for the positions before the last."""
+        if self.training:
+            raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
+        for start in range(0, tokens.shape[1], chunk):
+            piece = tokens[:, start:start + chunk]
+            x = self.embed(piece, start=state["pos"])
+            for layer, layer_state in zip(self.layers, state["layers"]):
+                x = layer.prefill(x, layer_state)
+            state["pos"] += piece.shape[1]
+        return self.output(x[:, -1]), state
+
 
 class TransformerLM(TransformerBase):
     """Decoder-only language model: model(tokens) -> logits; init_state / step for generation."""
@@ -510,6 +570,14 @@ class Seq2SeqTransformer(TransformerBase):
         return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
                                       "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
                                      for layer in self.layers]}
+
+
+def prefill_by_steps(model, tokens, state):
+    """The reference prefill: each of tokens (B, T) through model.step. Also the prefill of the models beside the
+    paper's whose layers have no parallel one."""
+    for t in range(tokens.shape[1]):
+        logits, state = model.step(tokens[:, t], state)
+    return logits, state
 
 
 # -----------------------------------------------------------------------------

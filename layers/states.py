@@ -28,16 +28,18 @@ NOTHING = nullcontext()  # reusable: a step at batch 1 need not make a new one
 
 
 def append_to_cache(state, k, v):
-    """Write k, v (..., 1, d) at position state['length'] of the cache's time axis (-2); return the keys and values
-    so far (..., t + 1, d). A full cache doubles its capacity: amortised O(1) a token, not a copy of it every step."""
-    t = state["length"]
-    if t == state["k"].shape[-2]:
+    """Write k, v (..., n, d) (a step's one position, or a prompt's n) at position state['length'] of the cache's time
+    axis (-2); return the keys and values so far (..., t + n, d). A full cache doubles its capacity: amortised O(1) a
+    token, not a copy of it every step."""
+    t, n = state["length"], k.shape[-2]
+    if t + n > state["k"].shape[-2]:
         for name, cache in (("k", state["k"]), ("v", state["v"])):
-            state[name] = cache.new_zeros(*cache.shape[:-2], max(16, 2 * t), cache.shape[-1], dtype=k.dtype)
-            state[name][..., :t, :] = cache
-    state["k"][..., t:t + 1, :], state["v"][..., t:t + 1, :] = k, v
-    state["length"] = t + 1
-    keys, values = state["k"][..., : t + 1, :], state["v"][..., : t + 1, :]
+            capacity = max(16, 2 * cache.shape[-2], t + n)
+            state[name] = cache.new_zeros(*cache.shape[:-2], capacity, cache.shape[-1], dtype=k.dtype)
+            state[name][..., :t, :] = cache[..., :t, :]
+    state["k"][..., t:t + n, :], state["v"][..., t:t + n, :] = k, v
+    state["length"] = t + n
+    keys, values = state["k"][..., : t + n, :], state["v"][..., : t + n, :]
     if torch.is_grad_enabled():  # autograd keeps them: the next token's write into the cache must not change them
         keys, values = keys.clone(), values.clone()
     return keys, values
