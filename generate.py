@@ -32,22 +32,22 @@ from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
-from t2r import is_folded
+from t2r import PREFILL_CHUNK, TransformerBase, is_folded, prefill_by_steps
 
 
 # -----------------------------------------------------------------------------
 # The RNN loop
 
-def generate(model, state, prompt, num_tokens: int, pick):
-    """The RNN way: each token goes through model.step once, and the state carries the prefix (nothing grows with
-    num_tokens). prompt (B, T): one prompt, a row per sample (or prompts of one length); state: model.init_state(B),
-    updated in place (model.step runs without autograd). Yields each new token (B,) and the logits (B, V) that
-    picked it."""
-    *prefix, token = prompt.unbind(1)  # the prompt's tokens, (B,) each
-    for prompt_token in prefix:  # all but the last: into the state, their logits unused
-        _, state = model.step(prompt_token, state)
-    for _ in range(num_tokens):
-        logits, state = model.step(token, state)  # every layer's recurrent step (Eqs. 5-7), then the output layer
+def generate(model, state, prompt, num_tokens: int, pick, prefill=None):
+    """The RNN way: the prompt read into the state, then each new token through model.step once, the state carrying
+    the prefix (nothing grows with num_tokens). prompt (B, T): one prompt, a row per sample (or prompts of one length);
+    state: model.init_state(B), updated in place (without autograd). prefill(prompt, state) -> (the last position's
+    logits, state): the model's prefill (one parallel pass, as a transformer reads a prompt), by default t2r.py's
+    reference, a step a token. Yields each new token (B,) and the logits (B, V) that picked it."""
+    logits, state = (prefill or partial(prefill_by_steps, model))(prompt, state)
+    for i in range(num_tokens):
+        if i:
+            logits, state = model.step(token, state)  # every layer's recurrent step (Eqs. 5-7), then the output layer
         token = pick(logits)
         yield token, logits
 
@@ -69,19 +69,20 @@ def sample(logits, temperature: float, top_k: int, generator: torch.Generator, t
 # -----------------------------------------------------------------------------
 # A batch of prompts of different lengths, and the baseline that keeps no state
 
-def generate_ragged(model, state, prompt, lengths, num_tokens: int, pick):
+def generate_ragged(model, state, prompt, lengths, num_tokens: int, pick, prefill=None):
     """generate for prompts of different lengths: prompt (B, T) holds row b's prompt in its first lengths[b] tokens
     (lengths (B,); the rest is never read). The same loop from the shortest prompt's end on, with a pick that hands a
     row still in its prompt its prompt's next token: every row feeds its own tokens, no padding enters a state, so a
     greedy pick is the one the prompt gets alone (a sampled one draws from the same distribution). Yields every row's
-    token at positions shortest to longest + num_tokens - 1: row b's picks are at lengths[b] onwards (see picks)."""
+    token at positions shortest to longest + num_tokens - 1: row b's picks are at lengths[b] onwards (see picks). The
+    shortest prompt's length is prefilled, the rest of the longer prompts stepped."""
     shortest, longest = int(lengths.min()), prompt.shape[1]  # read once: the loop never waits on the device
     positions = iter(range(shortest, longest + num_tokens))  # of the tokens picked, in turn
 
     def pick_or_prompt(logits):  # no pick (no random draw) before the shortest prompt's end
         token, position = pick(logits), next(positions)
         return torch.where(lengths <= position, token, prompt[:, position]) if position < longest else token
-    return generate(model, state, prompt[:, :shortest], longest - shortest + num_tokens, pick_or_prompt)
+    return generate(model, state, prompt[:, :shortest], longest - shortest + num_tokens, pick_or_prompt, prefill)
 
 
 def picks(kept_tokens: list, lengths: list, first: int, num_tokens: int) -> list:
@@ -130,6 +131,7 @@ class Traits:
     kv_width: int       # a layer's keys' width (and its values'): grouped-query attention keeps n_kv_head heads
     max_positions: int  # where learned positions (GPT-2's) end; 0: no end
     own_step: bool      # it steps with its own step only: no step_layers to compile or record as a CUDA graph
+    parallel_prefill: bool = True  # its prefill reads a prompt in one parallel pass (else a step a token, for now)
 
 
 def traits(model) -> Traits:
@@ -138,14 +140,16 @@ def traits(model) -> Traits:
     state is set beside the KV cache of a transformer of its depth and width d."""
     c = model.config
     if isinstance(model, SRUppLM):
-        return Traits(*model.describe(), kv_layers=0, kv_width=c.d_model, max_positions=0, own_step=True)
+        return Traits(*model.describe(), kv_layers=0, kv_width=c.d_model, max_positions=0, own_step=True,
+                      parallel_prefill=False)
     kinds, window = c.layer_kinds(), getattr(c, "window", 0)  # a family's config (families.py) or the hybrid's
     window = f" with a softmax window of {window}" if window else ""
     folded = " (folded, Eq. 8)" if is_folded(model) else ""
     form = "KV cache" if set(kinds) == {"softmax"} else "recurrent state (RNN)"
     kv_width = c.kv_width() if hasattr(c, "kv_width") else c.d_model  # grouped-query heads keep fewer
     return Traits(f"attention {', '.join(sorted(set(kinds)))}{window}{folded}", form, kinds.count("softmax"),
-                  kv_width, getattr(c, "max_positions", 0), own_step=False)
+                  kv_width, getattr(c, "max_positions", 0), own_step=False,
+                  parallel_prefill=type(model).prefill is TransformerBase.prefill)  # t2r.py's: its layers' own
 
 
 # -----------------------------------------------------------------------------
@@ -245,6 +249,11 @@ def get_args(argv=None):
                    help="how the recurrent step runs: eager, or graph (recorded once as a CUDA graph and "
                    "replayed; CUDA only); auto: graph where it can run, else eager")
     p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
+    p.add_argument("--prefill", default="parallel", choices=["parallel", "step"],
+                   help="how the prompt is read into the state: parallel, in one pass as a transformer reads it (the "
+                   "model's prefill); step, a step a token (t2r.py's reference, to compare)")
+    p.add_argument("--prefill_chunk", type=positive_int, default=PREFILL_CHUNK,
+                   help="--prefill parallel reads a longer prompt in pieces of this many tokens (bounded memory)")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
@@ -258,6 +267,8 @@ def get_args(argv=None):
         p.error("--compile compiles the eager step: it cannot go with --step graph")
     if args.mode == "recompute" and (args.step != "auto" or args.compile):
         p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
+    if args.mode == "recompute" and args.prefill != "parallel":
+        p.error("--prefill chooses how a state reads the prompt: it needs --mode recurrent")
     return args
 
 
@@ -376,28 +387,36 @@ def first_line(model, decoder, args) -> str:
     own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
     step = (f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else
             f"{own}, unrolled" if isinstance(decoder, FlatStep) else own)
-    return f"{args.ckpt}: {t.what}, mode recurrent with a {t.form}, {step}"
+    prefill = ("prompt read in one parallel pass" if args.prefill == "parallel" and t.parallel_prefill else
+               "prompt read a step a token" + ("" if args.prefill == "step" else " (its parallel prefill is not "
+                                                                                   "written yet)"))
+    return f"{args.ckpt}: {t.what}, mode recurrent with a {t.form}, {step}; {prefill}"
 
 
-def token_stream(decoder, state, rows, args, pick, device):
+def token_stream(decoder, state, rows, args, pick, device, model=None):
     """What --mode generates from the rows: the RNN loop (over prompts of different lengths where they are), or the
-    whole prefix again at every token. The rows are padded with 0s, never read."""
+    whole prefix again at every token. The rows are padded with 0s, never read. --prefill parallel reads the prompt
+    with model's prefill (the decoder's weights, in one pass), step with the decoder's step."""
     longest = max(map(len, rows))
     prompt = torch.tensor([ids + [0] * (longest - len(ids)) for ids in rows], device=device)
     if args.mode == "recompute":
         return generate_recompute(decoder, prompt, args.num_tokens, pick)
+    prefill = (partial(model.prefill, chunk=args.prefill_chunk) if args.prefill == "parallel" and model is not None
+               else partial(prefill_by_steps, decoder))
     if len(set(map(len, rows))) == 1:
-        return generate(decoder, state, prompt, args.num_tokens, pick)
+        return generate(decoder, state, prompt, args.num_tokens, pick, prefill)
     lengths = torch.tensor([len(ids) for ids in rows], device=device)
-    return generate_ragged(decoder, state, prompt, lengths, args.num_tokens, pick)
+    return generate_ragged(decoder, state, prompt, lengths, args.num_tokens, pick, prefill)
 
 
-def stream(tokens, rows, lm, args) -> tuple[list, list]:
+def stream(tokens, rows, lm, args, clock) -> tuple[list, list, float]:
     """Run the loop. Print what each pick adds to the decoded text (one row: BPE pieces join up, <eos> is a new line);
     keep only what the end needs: several rows' tokens, printed then, and for --check every step's logits. No row's
-    token is read back while the loop runs (it would wait for the device), but the one row's that is printed."""
-    recent, kept_tokens, kept_logits = list(rows[0][-7:]), [], []  # a short window is decoded: O(1) a token
+    token is read back while the loop runs (it would wait for the device), but the one row's that is printed. Also
+    returns when the first token was picked (clock(): seconds, once the device is done)."""
+    recent, kept_tokens, kept_logits, first_at = list(rows[0][-7:]), [], [], None  # a short window is decoded
     for token, logits in tokens:
+        first_at = first_at if first_at is not None else clock()  # the prompt read, its first pick made
         if len(rows) == 1:
             before = lm.decode(recent)
             recent.append(int(token[0]))
@@ -407,22 +426,28 @@ def stream(tokens, rows, lm, args) -> tuple[list, list]:
             kept_tokens.append(token)
         if args.check:
             kept_logits.append(logits)
-    return kept_tokens, kept_logits
+    return kept_tokens, kept_logits, first_at
 
 
-def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept_logits: list):
-    """Several rows' texts, the speed, the state's size beside a KV cache's, and --check's difference."""
-    first = min(map(len, rows))  # the position of the first token kept: the shortest prompt's end
-    picked = picks(kept_tokens, [len(ids) for ids in rows], first, args.num_tokens) if kept_tokens else []
+def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept_logits: list, first: float):
+    """Several rows' texts, the time to the first token and the decoding speed after it, the state's size beside a
+    KV cache's, and --check's difference."""
+    shortest = min(map(len, rows))  # the position of the first token kept: the shortest prompt's end
+    picked = picks(kept_tokens, [len(ids) for ids in rows], shortest, args.num_tokens) if kept_tokens else []
     for b, ids in enumerate(rows if len(rows) > 1 else []):
         which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
         print(f"--- {which}sample {b % args.num_samples}\n{text_of(lm, ids + picked[b])}")
-    print(f"\n{len(rows) * args.num_tokens / seconds:,.1f} tokens/s ({len(rows)} x {args.num_tokens} tokens in "
-          f"{seconds:.2f} s)")
+    how = ("recomputed" if args.mode == "recompute" else "read in one parallel pass" if args.prefill == "parallel" and
+           traits(model).parallel_prefill else "read a step a token")
+    print(f"\ntime to the first token: {first:.3f} s (the prompt's {max(map(len, rows))} tokens {how})")
+    if args.num_tokens > 1:
+        rest = len(rows) * (args.num_tokens - 1)
+        print(f"decoding: {rest / max(seconds - first, 1e-9):,.1f} tokens/s ({len(rows)} x {args.num_tokens - 1} "
+              f"tokens after the first in {seconds - first:.2f} s)")
     if state is not None:
         print_state_size(model, state, len(rows), max(map(len, rows)) + args.num_tokens)
     if args.check:
-        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits, first):.2e}")
+        print(f"check: max |recurrent - parallel| logits = {check(model, rows, picked, kept_logits, shortest):.2e}")
 
 
 def print_state_size(model, state, batch_size: int, length: int):
@@ -447,11 +472,14 @@ def main():
     if len(rows) == 1:
         print(text_of(lm, rows[0]), end="", flush=True)
     start = time.time()
+
+    def clock():  # seconds since start, once the device has done what it was given
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.time() - start
     state = decoder.init_state(len(rows)) if recurrent else None
-    kept = stream(token_stream(decoder, state, rows, args, pick, device), rows, lm, args)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.time() - start
+    kept = stream(token_stream(decoder, state, rows, args, pick, device, model), rows, lm, args, clock)
+    seconds = clock()
     print()
     report(model, lm, rows, args, seconds, state, *kept)
 

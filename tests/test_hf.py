@@ -379,7 +379,7 @@ def greedy_text(ckpt, cwd, prompt="w1 w2") -> str:
                             "--temperature", "0", cwd=cwd)
     assert result.returncode == 0, result.stderr
     text = result.stdout.split("model.pt: ", 1)[1].split("\n", 1)[1]  # after the line that says what generates
-    return text.split("tokens/s")[0].rsplit("\n", 1)[0]
+    return text.split("\ntime to the first token")[0]
 
 
 @pytest.mark.parametrize("kind", ["no prefix space", "prefix space", "sentencepiece"])

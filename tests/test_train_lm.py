@@ -389,7 +389,7 @@ def test_generate_samples_several_continuations_as_one_batch(run_here, trained):
     assert [s.split("\n")[0] for s in samples] == ["0", "1", "2"]
     texts = [s.split("\n", 1)[1].split("\n\n")[0].split() for s in samples]  # its words, an <eos> a new line
     assert all(t[:2] == ["w1", "w2"] and len(t) >= 3 for t in texts) and len({" ".join(t) for t in texts}) > 1
-    assert "3 x 6 tokens" in result.stdout
+    assert "3 x 5 tokens after the first" in result.stdout  # the first's time is the prompt's: said apart
 
 
 def test_t2r_with_softmax_layers_kept_converts_trains_and_generates(run_here, trained):
@@ -420,9 +420,11 @@ def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(ru
     assert math.log(test["word_ppl"]) * words == pytest.approx(nll, rel=1e-6)  # ppl: exp in float32; a word off: 2e-3
 
 
-def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
+@pytest.mark.parametrize("prefill, steps", [("parallel", 4), ("step", 3 + 4)])
+def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch, prefill, steps):
     """generate.py decodes with t2r.py's step unrolled, whose Eq. 7 is t2r.py's read_state: one call per layer and
-    token fed in (the prompt's tokens, and every new one but the last)."""
+    token stepped: every new one but the last, and with --prefill step the prompt's tokens too (a line's end, w1, w2;
+    --prefill parallel reads them in one pass, t2r.py's linear_attention_prefill)."""
     tmp, _ = trained
     calls = []
 
@@ -433,10 +435,10 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch):
     assert support.inference.read_state is read_state
     monkeypatch.setattr(support.inference, "read_state", counted)
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
-                      "5", cwd=tmp)
+                      "5", "--prefill", prefill, cwd=tmp)
     assert result.returncode == 0, result.stderr
     assert "t2r.py's step, unrolled" in result.stdout
-    assert len(calls) == 2 * (3 + 4)  # 2 layers; the prompt's 3 tokens (a line's end, w1, w2), 4 of the 5 new ones
+    assert len(calls) == 2 * steps  # 2 layers
 
 
 # -----------------------------------------------------------------------------
