@@ -36,7 +36,8 @@ while time.time() - start < float(flags["--seconds"]) and not signals:
 if "--wait_for" in flags:  # another run's file: it started while this one ran (with a limit, should it never come)
     while not os.path.exists(flags["--wait_for"]) and time.time() - start < float(flags["--wait_limit"]):
         time.sleep(0.02)
-time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
+if signals:
+    time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
 with open(os.path.join(out, "trace.json"), "w") as f:
     json.dump({"start": start, "end": time.time(), "signals": len(signals),
                "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
