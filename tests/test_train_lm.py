@@ -33,7 +33,8 @@ from conftest import (ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_li
 def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
     """--init pretrained alone, as a user runs it: pretrain the teacher, convert, finetune, evaluate both; then
     generate, refuse a second run, evaluate again (those in process: no torch import each)."""
-    out = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path)
+    out = run_here("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path,
+                   check=True)
     print(out.stdout[-1500:])
     assert "training it first" in out.stdout
     assert "| softmax (pretrained) | - |" in out.stdout and "| t2r+pretrain | 8 |" in out.stdout

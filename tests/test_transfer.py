@@ -14,7 +14,7 @@ import torch
 
 import after_t2r
 import t2r
-from conftest import (MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run,
+from conftest import (MT_TINY, TINY, assert_check_passes, lm_config, make, mt_config, report, run_in_process,
                       translations_in_process, write_corpus)
 from support.runtime import write_json
 from support.transfer import TransferFirst
@@ -141,7 +141,8 @@ def lm_teacher(tmp_path_factory):
     """A finished tiny softmax LM: (folder, corpus, its model.pt)."""
     tmp = tmp_path_factory.mktemp("transfer")
     corpus = write_corpus(str(tmp / "tiny"))
-    run("train_lm.py", "--dataset", corpus, "--max_steps", "4", *TINY, "--out_dir", "teacher", cwd=tmp)
+    run_in_process("train_lm.py", "--dataset", corpus, "--max_steps", "4", *TINY, "--out_dir", "teacher", cwd=tmp,
+                   check=True)
     return tmp, corpus, str(tmp / "teacher/model.pt")
 
 
