@@ -64,10 +64,11 @@ def wait_for_line(process, starts_with: str, awaited: str) -> str:
     reader.start()
     reader.join(EVENT_TIMEOUT)
     if not found:
-        if reader.is_alive():
+        timed_out = reader.is_alive()
+        if timed_out:
             process.kill()
         err = process.stderr.read()[-3000:] if process.stderr else ""
-        why = f"not within {EVENT_TIMEOUT} s" if reader.is_alive() else f"the process exited ({process.wait()}) first"
+        why = f"not within {EVENT_TIMEOUT} s" if timed_out else f"the process exited ({process.wait()}) first"
         raise AssertionError(f"waited for {awaited}: {why}\n{err}")
     return found[0]
 
