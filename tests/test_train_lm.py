@@ -465,7 +465,8 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(run_here, tmp_path, corpus):
     interrupted.send_signal(signal.SIGINT)
     _, err = wait_for_exit(interrupted, "the interrupted run to save and exit")
     print(err.strip())
-    assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err
+    assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err, \
+        f"exit status {interrupted.returncode}, expected 130 (had the run's 40 steps finished before Ctrl-C came?)"
     assert run_here("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path).returncode == 0
     assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
 
