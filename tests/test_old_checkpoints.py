@@ -29,9 +29,9 @@ REFERENCE = torch.load(REFERENCE_PATH, weights_only=True) if REFERENCE_PATH.exis
 FLOAT64_BOUND = 1e-9
 
 # The float32 run against the float64 reference: float32 rounding (unit roundoff 6e-8 of logits up to 14) grows
-# through the layers and, in RFA, along the sequence (its random-feature normaliser: 4e-6 at the first step, 4e-4 at
+# through the layers and, in RFA, along the sequence (on the AMD EPYC: 4e-6 at the first step, 4.3e-4 at
 # the twelfth). Measured: at most 1.25e-4 from the reference on an Intel Xeon, 5.5e-4 over ten one-ulp jitters of the
-# float32 weights (as another CPU's rounding), 4.3e-4 between the Xeon's float32 logits and an AMD EPYC's; 2e-5 to
+# float32 weights (as another CPU's rounding), 4.3e-4 between the Xeon's float32 logits and an AMD EPYC's; 2e-6 to
 # 3.4e-5 for the others. 2e-3 leaves a fourfold margin over the largest.
 FLOAT32_TOLERANCE = 2e-3
 
@@ -60,7 +60,7 @@ def greedy_from(model, tokens: int = 12, forced=None):
 
 
 def loaded(name, tmp_path):
-    """The old checkpoint `name` as generate.py loads it: from its file, its checksum checked (the file is untouched)."""
+    """The old checkpoint `name` as generate.py loads it: from its file, its checksum checked (it is untouched)."""
     path = tmp_path / "model.pt"
     torch.save(OLD[name]["checkpoint"], path)
     return model_from_checkpoint(read_checked(str(path)), str(path))

@@ -55,7 +55,8 @@ with open(os.path.join(out, "results.json"), "w") as f:
 DRIVER = """
 from experiments import study
 from support.runtime import run_main
-run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": {seconds}, **flags, "out_dir": {tmp!r} + "/" + name}})
+run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": {seconds}, **flags,
+                                                          "out_dir": {tmp!r} + "/" + name}})
 run_main(lambda: study.execute([run("teacher"), run("other")], dry_run=False, jobs=2))
 """
 
