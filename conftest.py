@@ -1,6 +1,6 @@
-"""Helpers shared by the tests: run a script as a user would (or in this process, for a refusal), check a one-line
-error, report a difference, write a tiny word corpus. pytest loads this file before any test file; tests import the
-names they use.
+"""Helpers shared by the tests: run a script as a user would (or in this process, where the process is not what a
+test checks: no torch import each), wait on another process's events, check a one-line error, report a difference,
+write a tiny word corpus. pytest loads this file before any test file; tests import the names they use.
 
 CPU only, tiny sizes, no downloads.
 """
