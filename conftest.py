@@ -1,6 +1,6 @@
-"""Helpers shared by the tests: run a script as a user would (or in this process, for a refusal), check a one-line
-error, report a difference, write a tiny word corpus. pytest loads this file before any test file; tests import the
-names they use.
+"""Helpers shared by the tests: run a script as a user would (or in this process, where the process is not what a
+test checks: no torch import each), wait on another process's events, check a one-line error, report a difference,
+write a tiny word corpus. pytest loads this file before any test file; tests import the names they use.
 
 CPU only, tiny sizes, no downloads.
 """
@@ -15,6 +15,8 @@ import runpy
 import shutil
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from types import SimpleNamespace
 
@@ -42,6 +44,58 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+# How long a test waits for an event of another process (a line printed, an exit, a file written) before it fails
+# saying which. The waits are on events, not on the machine's speed: a Python start that imports torch took 7-15 s on a
+# loaded 2-core machine, and 300 s is far beyond any event's time there.
+EVENT_TIMEOUT = 300
+
+
+def wait_for_line(process, starts_with: str, awaited: str) -> str:
+    """The first line of process's stdout (a text pipe) that starts with `starts_with`. Fails naming `awaited` if the
+    process exits first or EVENT_TIMEOUT passes (the process is then killed)."""
+    found = []
+
+    def read():
+        for line in process.stdout:
+            if line.startswith(starts_with):
+                found.append(line)
+                return
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(EVENT_TIMEOUT)
+    if not found:
+        timed_out = reader.is_alive()
+        if timed_out:
+            process.kill()
+        err = process.stderr.read()[-3000:] if process.stderr else ""
+        why = f"not within {EVENT_TIMEOUT} s" if timed_out else f"the process exited ({process.wait()}) first"
+        raise AssertionError(f"waited for {awaited}: {why}\n{err}")
+    return found[0]
+
+
+def wait_for_exit(process, awaited: str) -> tuple:
+    """process.communicate(): (stdout, stderr) once it exits. Fails naming `awaited` if that takes more than
+    EVENT_TIMEOUT (the process is then killed)."""
+    try:
+        return process.communicate(timeout=EVENT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+        raise AssertionError(f"waited for {awaited}: not within {EVENT_TIMEOUT} s\n{(err or '')[-3000:]}") from None
+
+
+def wait_until(condition, awaited: str, process=None):
+    """Polls condition() until it holds. Fails naming `awaited` if EVENT_TIMEOUT passes or `process` exits first."""
+    deadline = time.monotonic() + EVENT_TIMEOUT
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"waited for {awaited}: the process exited ({process.returncode}) first\n"
+                                 f"{process.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited for {awaited}: not within {EVENT_TIMEOUT} s")
+        time.sleep(0.05)
+
+
 def command(script) -> list:
     """How a user runs `script`: a root script by its path (train_lm.py), a module of a folder with -m
     (experiments.mqar), which finds the repository's folders on PYTHONPATH when it runs elsewhere."""
@@ -52,15 +106,16 @@ def run(script, *args, cwd, check=True, extra_env=None, stdin=None):
     """python <script> <args> in cwd, one CPU thread, as a subprocess; raises with its output if it fails."""
     env = {**os.environ, **SCRIPT_ENV, "PYTHONPATH": ROOT, **(extra_env or {})}
     result = subprocess.run([sys.executable, *command(script), *args], cwd=cwd, env=env, input=stdin,
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=EVENT_TIMEOUT)
     if check and result.returncode != 0:
         raise AssertionError(f"{script} {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
     return result
 
 
-def run_in_process(script, *args, cwd, stdin=""):
+def run_in_process(script, *args, cwd, stdin="", check=False):
     """run() in this process: `python <script> <args>` as runpy runs it, on one thread as run() gives a script, with
-    the same (returncode, stdout, stderr); stdin is text or bytes. No torch import each: a second saved a run."""
+    the same (returncode, stdout, stderr); stdin is text or bytes; check=True: raises with its output if it fails, as
+    run() does. No torch import each: 1.5-3 s saved a run."""
     out, err, threads = io.StringIO(), io.StringIO(), torch.get_num_threads()
     data = stdin.encode() if isinstance(stdin, str) else stdin
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -81,6 +136,9 @@ def run_in_process(script, *args, cwd, stdin=""):
             code = done.code if isinstance(done.code, int) else int(done.code is not None)
         finally:
             torch.set_num_threads(threads)
+    if check and code != 0:
+        raise AssertionError(f"{script} {' '.join(map(str, args))} failed:\n{out.getvalue()[-3000:]}\n"
+                             f"{err.getvalue()[-3000:]}")
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
@@ -94,7 +152,7 @@ def run_two_processes(script, *args, cwd):
     """torchrun --nproc_per_node 2 <script> <args> on the CPU (gloo); raises with its output if it fails."""
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                              os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, **SCRIPT_ENV})
+                            timeout=EVENT_TIMEOUT, env={**os.environ, **SCRIPT_ENV})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     print(result.stdout[-800:])
     return result

@@ -46,10 +46,10 @@ def generate(model, state, prompt, num_tokens: int, pick, prefill=None):
     reference, a step a token. Yields each new token (B,) and the logits (B, V) that picked it."""
     logits, state = (prefill or partial(prefill_by_steps, model))(prompt, state)
     for i in range(num_tokens):
-        if i:
-            logits, state = model.step(token, state)  # every layer's recurrent step (Eqs. 5-7), then the output layer
         token = pick(logits)
         yield token, logits
+        if i + 1 < num_tokens:
+            logits, state = model.step(token, state)  # every layer's recurrent step (Eqs. 5-7), then the output layer
 
 
 def sample(logits, temperature: float, top_k: int, generator: torch.Generator, tokens: int | None = None):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, wait_for_exit
 from support import corpora, data, run_files
 
 
@@ -183,7 +183,7 @@ def test_concurrent_prepare_builds_once(tmp_path):
             f"print('tokens', len(lm.train), int(lm.train.sum()))")
     runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for _ in range(2)]
-    outputs = [run.communicate(timeout=120) for run in runs]
+    outputs = [wait_for_exit(run, "prepare() in each process") for run in runs]
     assert all(run.returncode == 0 for run in runs), outputs
     assert sum(out.count("building the token cache") for out, _ in outputs) == 1, outputs
     assert len({out.splitlines()[-1] for out, _ in outputs}) == 1  # all see the same ids

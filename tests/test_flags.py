@@ -14,7 +14,7 @@ import pytest
 import generate
 import train_lm
 import train_mt
-from conftest import ROOT, assert_flags_refused
+from conftest import EVENT_TIMEOUT, ROOT, assert_flags_refused
 from support.runtime import run_main
 
 GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, "generate.py": generate.get_args}
@@ -99,7 +99,7 @@ def test_an_experiment_run_as_a_file_says_to_run_it_as_a_module(name):
     """python experiments/mqar.py --help ended in ModuleNotFoundError: the project's modules are found from the
     repository's root, with -m."""
     result = subprocess.run([sys.executable, os.path.join("experiments", f"{name}.py"), "--help"], cwd=ROOT,
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, timeout=EVENT_TIMEOUT)
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert result.stderr.strip() == f"error: run it from the repository's root as a module: python -m experiments.{name}"
 

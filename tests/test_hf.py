@@ -25,7 +25,7 @@ import t2r
 import train_lm
 from after_t2r import convert_to_window
 from families import FamilyConfig
-from conftest import assert_check_passes, assert_one_line_error, lm_config, report, run, run_in_process, step_all
+from conftest import assert_check_passes, assert_one_line_error, lm_config, report, run_in_process, step_all
 from support import configs, hf, job, runtime
 from safetensors.torch import load_file, save_file
 from experiments import gpt2_cost
@@ -193,8 +193,8 @@ def test_the_checkpoint_keeps_gpt2s_switches_and_its_tokenizer(finetuned):
 
 def test_generate_checks_recurrent_against_parallel(finetuned):
     run_dir, _ = finetuned
-    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens", "60",
-              "--check", cwd=run_dir)
+    gen = run_in_process("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens",
+                         "60", "--check", cwd=run_dir, check=True)
     print(gen.stdout[-500:])
     assert "folded, Eq. 8" in gen.stdout
     assert_check_passes(gen.stdout)

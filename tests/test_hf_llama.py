@@ -170,10 +170,10 @@ def test_a_converted_llama_keeps_its_switches_and_a_state_of_its_kv_heads(finetu
 
 
 def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_llama):
-    from conftest import assert_check_passes, run
+    from conftest import assert_check_passes, run_in_process
     run_dir, _ = finetuned_llama
-    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens", "40",
-              "--check", cwd=run_dir)
+    gen = run_in_process("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3", "--num_tokens",
+                         "40", "--check", cwd=run_dir, check=True)
     print(gen.stdout[-600:])
     assert_check_passes(gen.stdout)
     # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 47 tokens (a line's
@@ -248,10 +248,10 @@ def test_a_batch_of_prompts_of_different_lengths_continues_each_as_alone(tiny_ll
 
 
 def test_generate_takes_a_batch_of_prompts_and_checks_each(finetuned_llama):
-    from conftest import assert_check_passes, run
+    from conftest import assert_check_passes, run_in_process
     run_dir, _ = finetuned_llama
-    gen = run("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3 w4 w5", "--prompt", "w2",
-              "--num_tokens", "12", "--temperature", "0", "--check", cwd=run_dir)
+    gen = run_in_process("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w1 w2 w3 w4 w5", "--prompt",
+                         "w2", "--num_tokens", "12", "--temperature", "0", "--check", cwd=run_dir, check=True)
     print(gen.stdout[-800:])
     assert_check_passes(gen.stdout)
     assert "--- prompt 0, sample 0\nw1 w2 w3 w4 w5" in gen.stdout and "--- prompt 1, sample 0\nw2" in gen.stdout

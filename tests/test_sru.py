@@ -13,7 +13,7 @@ import torch
 
 import sru
 import train_lm
-from conftest import assert_check_passes, assert_one_line_error, report, run, write_corpus
+from conftest import assert_check_passes, assert_one_line_error, report, run_in_process, write_corpus
 from sru import SRUConfig, SRUppLM, SRUppLayer
 
 T = 7
@@ -176,8 +176,8 @@ def test_train_lm_trains_sru_and_resumes_it_exactly(sru_runs):
 
 
 def test_generate_samples_from_sru_with_its_recurrent_state(sru_runs):
-    out = run("generate.py", "--ckpt", "split/model.pt", "--prompt", "w1 w2", "--num_tokens", "40", "--check",
-              cwd=sru_runs).stdout
+    out = run_in_process("generate.py", "--ckpt", "split/model.pt", "--prompt", "w1 w2", "--num_tokens", "40",
+                         "--check", cwd=sru_runs, check=True).stdout
     print(out[-400:])
     assert "SRU++ with attention in 1 of 2 layers" in out and "keys and values in the attention layers" in out
     assert "sru.py's step" in out

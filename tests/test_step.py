@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, report, tiny_translator
+from conftest import EVENT_TIMEOUT, ROOT, report, tiny_translator
 from generate import CapturedStep
 from support.runtime import decoding_kernels
 from layers.states import state_bytes
@@ -245,7 +245,8 @@ def test_decoding_turns_cudnn_attention_off_and_importing_t2r_does_not():
     code = ("import torch, t2r; print(torch.backends.cuda.cudnn_sdp_enabled()); "
             "from support.runtime import decoding_kernels; decoding_kernels(); b = torch.backends.cuda; "
             "print(b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=EVENT_TIMEOUT)
     assert out.stdout.split() == ["True", "False", "True", "True"], out.stderr
 
 

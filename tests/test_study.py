@@ -16,7 +16,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import ROOT, TINY, assert_one_line_error, report, run, write_corpus, write_parallel
+from conftest import ROOT, TINY, assert_one_line_error, report, run_in_process, write_corpus, write_parallel
 from experiments import analyze_attention, gather, probes, runs, study
 from experiments import report as study_report  # conftest's report() prints a difference
 from support import mt_data
@@ -90,18 +90,20 @@ def tiny_teacher(tmp_path_factory):
     """A softmax teacher trained for 4 steps on a toy corpus: (folder, data flags, its ckpt.pt)."""
     tmp = tmp_path_factory.mktemp("study")
     common = ["--dataset", write_corpus(str(tmp / "corpus")), "--cache_dir", str(tmp / "cache")]
-    run("train_lm.py", *TINY, *common, "--max_steps", "4", "--out_dir", str(tmp / "teacher"), cwd=tmp)
+    run_in_process("train_lm.py", *TINY, *common, "--max_steps", "4", "--out_dir", str(tmp / "teacher"), cwd=tmp,
+                   check=True)
     return tmp, common, str(tmp / "teacher" / "ckpt.pt")
 
 
 def test_analyze_attention_end_to_end(tiny_teacher, tmp_path):
     _, common, teacher = tiny_teacher
     student_dir = str(tmp_path / "student")
-    run("train_lm.py", *TINY, *common, "--max_steps", "2", "--init", "pretrained", "--pretrained", teacher,
-        "--out_dir", student_dir, cwd=tmp_path)
+    run_in_process("train_lm.py", *TINY, *common, "--max_steps", "2", "--init", "pretrained", "--pretrained", teacher,
+                   "--out_dir", student_dir, cwd=tmp_path, check=True)
     table = str(tmp_path / "attention.csv")
-    result = run("experiments.analyze_attention", os.path.join(student_dir, "ckpt.pt"), "--teacher", teacher,
-                 "--before", "4", "8", "--windows", "3", "--context", "32", "--csv", table, cwd=tmp_path)
+    result = run_in_process("experiments.analyze_attention", os.path.join(student_dir, "ckpt.pt"), "--teacher",
+                            teacher, "--before", "4", "8", "--windows", "3", "--context", "32", "--csv", table,
+                            cwd=tmp_path, check=True)
     print(result.stdout[-600:])
     with open(table) as f:
         rows = list(csv.DictReader(f))
@@ -117,8 +119,8 @@ def test_before_finetuning_is_the_finetuning_runs_starting_point(tiny_teacher, t
     stopped at step 0 saves that model untouched."""
     _, common, teacher = tiny_teacher
     start_dir = str(tmp_path / "start")
-    run("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--feature_size", "8",
-        "--seed", "7", "--stop_at", "0", "--out_dir", start_dir, cwd=tmp_path)
+    run_in_process("train_lm.py", *TINY, *common, "--init", "pretrained", "--pretrained", teacher, "--feature_size",
+                   "8", "--seed", "7", "--stop_at", "0", "--out_dir", start_dir, cwd=tmp_path, check=True)
     saved = torch.load(os.path.join(start_dir, "ckpt.pt"), weights_only=True)["model"]
     rebuilt = analyze_attention.starting_point(torch.load(teacher, weights_only=True), teacher, 8, 7).state_dict()
     assert set(saved) == set(rebuilt)
@@ -284,7 +286,8 @@ def test_a_dry_run_counts_the_runs_kept_under_results_as_done_and_restores_nothi
 
 
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
-    result = run("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"), cwd=tmp_path)
+    result = run_in_process("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"),
+                            cwd=tmp_path, check=True)
     print(result.stdout[-400:])
     assert "52 runs, 0 already done" in result.stdout  # the language models and the translators
     assert "[42/52] t2r-random-k64-s0: todo" in result.stdout
@@ -432,7 +435,7 @@ def test_report_regenerates_from_made_up_csvs(tmp_path):
     a partial study gives a page of what there is, and a summary short enough for the top-level README."""
     for name, lines in MADE_UP_CSVS.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
-    result = run("experiments.report", "--results", str(tmp_path), cwd=tmp_path)
+    result = run_in_process("experiments.report", "--results", str(tmp_path), cwd=tmp_path, check=True)
     text, summary = (tmp_path / "README.md").read_text(), (tmp_path / "summary.md").read_text()
     print(text, result.stdout)
     assert "| T2R + pretrain | 32 | 1 | 112.00 | 107.00 | 2.00 | 19.0 / 19.6 |" in text
@@ -453,7 +456,7 @@ def test_a_page_without_attention_rows_links_no_attention_figure(tmp_path):
     """Before the attention analysis has run, its CSV has a header only: no plot is drawn, so none is linked."""
     for name, lines in MADE_UP_CSVS.items():
         (tmp_path / name).write_text("\n".join(lines[:1] if name == "attention.csv" else lines) + "\n")
-    run("experiments.report", "--results", str(tmp_path), cwd=tmp_path)
+    run_in_process("experiments.report", "--results", str(tmp_path), cwd=tmp_path, check=True)
     text = (tmp_path / "README.md").read_text()
     assert not (tmp_path / "attention.png").exists() and "attention.png" not in text
     assert "(feature_size.png)" in text

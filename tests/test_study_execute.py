@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import EVENT_TIMEOUT, ROOT, wait_for_exit, wait_for_line, wait_until
 from experiments import runs, study
 from experiments.records import Records
 
@@ -24,6 +24,7 @@ flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 out, teacher = flags["--out_dir"], os.path.dirname(flags.get("--pretrained", ""))
 signals = []
 signal.signal(signal.SIGINT, lambda *_: signals.append(1))
+time.sleep(float(flags.get("--slow_start", 0)))  # as a Python start on a loaded machine
 start = time.time()
 open(os.path.join(out, "started"), "w").close()
 with open(os.path.join(out, "args.json"), "w") as f:
@@ -32,7 +33,11 @@ if flags.get("--interrupt_self"):
     os.kill(os.getpid(), signal.SIGINT)
 while time.time() - start < float(flags["--seconds"]) and not signals:
     time.sleep(0.02)
-time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
+if "--wait_for" in flags:  # another run's file: it started while this one ran (with a limit, should it never come)
+    while not os.path.exists(flags["--wait_for"]) and time.time() - start < float(flags["--wait_limit"]):
+        time.sleep(0.02)
+if signals:
+    time.sleep(0.3)  # time for a second Ctrl-C to arrive, if one is sent
 with open(os.path.join(out, "trace.json"), "w") as f:
     json.dump({"start": start, "end": time.time(), "signals": len(signals),
                "teacher_done": not teacher or os.path.isfile(os.path.join(teacher, "results.json"))}, f)
@@ -50,7 +55,8 @@ with open(os.path.join(out, "results.json"), "w") as f:
 DRIVER = """
 from experiments import study
 from support.runtime import run_main
-run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": 60, **flags, "out_dir": {tmp!r} + "/" + name}})
+run = lambda name, **flags: study.Run(name, {script!r}, {{"seconds": {seconds}, **flags,
+                                                          "out_dir": {tmp!r} + "/" + name}})
 run_main(lambda: study.execute([run("teacher"), run("other")], dry_run=False, jobs=2))
 """
 
@@ -69,8 +75,11 @@ def trace(run):
         return json.load(f)
 
 
-def test_a_conversion_starts_after_its_teacher_and_independent_runs_overlap(tmp_path):
-    teacher, student, other = fake_plan(tmp_path, seconds=0.5)
+@pytest.mark.parametrize("slow_start", [0, 1])
+def test_a_conversion_starts_after_its_teacher_and_independent_runs_overlap(tmp_path, slow_start):
+    teacher, student, other = fake_plan(tmp_path, seconds=0.1)
+    other.flags["slow_start"] = slow_start
+    teacher.flags.update(wait_for=os.path.join(other.out_dir, "started"), wait_limit=EVENT_TIMEOUT)  # not a race
     study.execute([teacher, student, other], dry_run=False, jobs=2)
     assert trace(student)["teacher_done"] and trace(student)["start"] >= trace(teacher)["end"]
     assert trace(other)["start"] < trace(teacher)["end"]  # it did not wait for the teacher
@@ -112,11 +121,11 @@ def test_a_finished_run_the_plan_has_changed_since_is_refused(tmp_path, kept_in)
 def test_output_into_a_closed_pipe_stops_without_a_traceback():
     printer = subprocess.Popen([sys.executable, "-c", "from support.runtime import run_main\n"
                                 "run_main(lambda: [print(i, flush=True) for i in range(10**6)])"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    printer.stdout.readline()
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_line(printer, "0", "the printer's first line")
     printer.stdout.close()  # as `| head -1` does
-    stderr = printer.stderr.read().decode()
-    assert printer.wait(timeout=30) == 1 and stderr == "", stderr
+    _, stderr = wait_for_exit(printer, "the printer to stop on the closed pipe")
+    assert printer.returncode == 1 and stderr == "", stderr
 
 
 def test_dry_run_starts_nothing(tmp_path):
@@ -130,16 +139,14 @@ def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tm
     """As Ctrl-C in a terminal, or `kill -INT` of a study started with `nohup ... &`, where the shell makes the
     study start with SIGINT ignored. The runs have sessions of their own: the study passes the signal on once."""
     fake_plan(tmp_path, seconds=60)  # writes the stand-in trainer
-    driver = DRIVER.format(script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path))
+    driver = DRIVER.format(script=str(tmp_path / "fake_trainer.py"), tmp=str(tmp_path), seconds=EVENT_TIMEOUT)
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_in_the_background else None
     process = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
-    deadline = time.time() + 30
-    while not all((tmp_path / name / "started").exists() for name in ("teacher", "other")):
-        assert time.time() < deadline and process.poll() is None, process.communicate()
-        time.sleep(0.05)
+    wait_until(lambda: all((tmp_path / name / "started").exists() for name in ("teacher", "other")),
+               "both runs to start", process)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
+    _, stderr = wait_for_exit(process, "the study to stop on Ctrl-C (its runs run until interrupted)")
     assert process.returncode == 130
     assert stderr.strip().splitlines() == ["study interrupted: every run saved its checkpoint; rerun the same "
                                            "command to continue"]

@@ -27,14 +27,15 @@ import train_lm
 from support import checkpoints, data, runtime, training
 from t2r import Config, TransformerLM, fold
 
-from conftest import (ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_line_error, report, run,
-                      run_in_process, run_two_processes, write_corpus)
+from conftest import (ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_line_error, report, run_in_process,
+                      run_two_processes, wait_for_exit, wait_for_line, write_corpus)
 
 
 def test_the_conversion_job_end_to_end(tmp_path, corpus, run_here):
     """--init pretrained alone, as a user runs it: pretrain the teacher, convert, finetune, evaluate both; then
     generate, refuse a second run, evaluate again (those in process: no torch import each)."""
-    out = run("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path)
+    out = run_here("train_lm.py", "--init", "pretrained", "--dataset", corpus, "--max_steps", "6", *TINY, cwd=tmp_path,
+                   check=True)
     print(out.stdout[-1500:])
     assert "training it first" in out.stdout
     assert "| softmax (pretrained) | - |" in out.stdout and "| t2r+pretrain | 8 |" in out.stdout
@@ -507,7 +508,7 @@ def test_a_second_trainer_on_the_same_out_dir_is_refused(run_here, tmp_path, cor
                               "--max_steps", "100000", "--out_dir", "r"], cwd=tmp_path, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env={**os.environ, **SCRIPT_ENV})
     try:
-        assert "parameters" in next(line for line in first.stdout if line.startswith("parameters"))  # it holds the lock
+        wait_for_line(first, "parameters", "the first trainer's 'parameters' line (it holds the lock then)")
         second = run_here("train_lm.py", "--dataset", corpus, *SMALL, "--out_dir", "r", cwd=tmp_path)
         assert_one_line_error(second, "another run is using r")
     finally:
@@ -522,11 +523,12 @@ def test_ctrl_c_saves_and_the_resumed_run_is_exact(run_here, tmp_path, corpus):
     interrupted = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_lm.py"), *flags, "--out_dir", "split"],
                                    cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env={**os.environ, **SCRIPT_ENV})
-    next(line for line in interrupted.stdout if line.startswith("step 2/"))  # training has begun
+    wait_for_line(interrupted, "step 2/", "the run's 'step 2/' line (training has begun)")
     interrupted.send_signal(signal.SIGINT)
-    _, err = interrupted.communicate(timeout=120)
+    _, err = wait_for_exit(interrupted, "the interrupted run to save and exit")
     print(err.strip())
-    assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err
+    assert interrupted.returncode == 130 and "Traceback" not in err and "saved split/ckpt.pt" in err, \
+        f"exit status {interrupted.returncode}, expected 130 (had the run's 40 steps finished before Ctrl-C came?)"
     assert run_here("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path).returncode == 0
     assert_same_weights(tmp_path / "straight/ckpt.pt", tmp_path / "split/ckpt.pt")
 
@@ -553,9 +555,9 @@ def test_ctrl_c_during_generation_stops_in_one_line(trained, tmp_path):
                                    "out/tiny-t2r-random/model.pt", "--num_tokens", "100000000"], cwd=tmp,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, **SCRIPT_ENV})
-    generating.stdout.readline()  # the line that says what generates: the loop has begun
+    wait_for_line(generating, "", "generate.py's first line, which says what generates (the loop has begun)")
     generating.send_signal(signal.SIGINT)
-    _, err = generating.communicate(timeout=60)
+    _, err = wait_for_exit(generating, "generate.py to stop on Ctrl-C")
     print(err)
     assert generating.returncode == 130 and err.strip() == "stopped by Ctrl-C"
 

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 import after_t2r
-import t2r
 from conftest import (MT_TINY, ROOT, SCRIPT_ENV, TINY, assert_check_passes, assert_one_line_error, lm_config, make,
-                      mt_config, report, run, run_in_process, translations_in_process, write_corpus)
+                      mt_config, report, run_in_process, translations_in_process, write_corpus)
 from support.runtime import write_json
 from support.transfer import TransferFirst
 from t2r import Seq2SeqTransformer, TransformerLM
@@ -144,7 +143,8 @@ def lm_teacher(tmp_path_factory):
     """A finished tiny softmax LM: (folder, corpus, its model.pt)."""
     tmp = tmp_path_factory.mktemp("transfer")
     corpus = write_corpus(str(tmp / "tiny"))
-    run("train_lm.py", "--dataset", corpus, "--max_steps", "4", *TINY, "--out_dir", "teacher", cwd=tmp)
+    run_in_process("train_lm.py", "--dataset", corpus, "--max_steps", "4", *TINY, "--out_dir", "teacher", cwd=tmp,
+                   check=True)
     return tmp, corpus, str(tmp / "teacher/model.pt")
 
 
