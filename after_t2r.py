@@ -162,13 +162,13 @@ class WindowLayers:
 class WindowLM(WindowLayers, FamilyLM):
     """A language model (the paper's, or a family's: families.py) with window layers."""
 
+    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the window layers' parallel form is not written
+
 
 class WindowTranslator(WindowLayers, Seq2SeqTransformer):
     """The translator with window layers in its decoder's self-attention."""
 
-    @torch.no_grad()
-    def prefill(self, tokens, state, chunk: int = 0):  # the window layers' parallel prefill is not written yet:
-        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token
+    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the window layers' parallel form is not written
 
 
 def window_model(config: WindowConfig):
@@ -298,6 +298,4 @@ class ConvLM(TransformerLM):
         return ConvAttention(ShortConv(self.config.d_model, self.config.short_conv),
                              super().make_attention(kind, causal, feature_size))
 
-    @torch.no_grad()
-    def prefill(self, tokens, state, chunk: int = 0):  # the convolution's parallel prefill is not written yet:
-        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token
+    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the convolution's parallel form is not written

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from layers.embedding import Embedding
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
-from t2r import (Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, add_to_state, linear_attention_noncausal, prefill_by_steps,
-                 read_state, softmax_attention)
+from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
+                 TransformerBase, TransformerLM, add_to_state, linear_attention_chunked_sums,
+                 linear_attention_noncausal, normalize, read_state, softmax_attention, source_state)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -247,6 +247,13 @@ class GroupedSoftmaxAttention(GroupedAttention, SoftmaxAttention):
         q, k, v = self.project_step(x, False, rotation)
         return self.merge_step(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))
 
+    def prefill(self, x, state, rotation=None):  # t2r.SoftmaxAttention.prefill, the cache holding n heads
+        q, k, v = self.project(x, x, rotation)
+        before, T = state["length"], x.shape[1]
+        keys, values = (shared(t, self.group) for t in append_to_cache(state, k, v))
+        sees = torch.ones(T, before + T, dtype=torch.bool, device=x.device).tril(before)  # key j <= before + i
+        return self.merge(F.scaled_dot_product_attention(q, keys, values, attn_mask=sees))
+
 
 class GroupedLinearAttention(GroupedAttention, LinearAttention):
     """One feature map per key/value head, which its query heads share: the state holds n heads, not H."""
@@ -282,6 +289,20 @@ class GroupedLinearAttention(GroupedAttention, LinearAttention):
             out = read_state(fq, state["Sz"])  # Eq. 7, the G queries of each key/value head at once
         return self.merge_step(out.to(x.dtype))
 
+    def prefill(self, x, state, rotation=None):  # t2r.linear_attention_prefill with n heads of state, G queries each
+        q, k, v = self.project(x, x, rotation)
+        (B, H, T, w), n, Sz = q.shape, self.n_kv_head, state["Sz"]
+        fq, fk = self.feature_map(q.reshape(B, n, self.group * T, w), k)  # each query head by its group's map
+        with full_precision(x.device):
+            fq, fk, v = (t.to(Sz.dtype) for t in (fq, fk, v))
+            numerator, denominator = linear_attention_chunked_sums(  # Eq. 4 within the prompt
+                fq.reshape(B, H, T, -1), shared(fk, self.group), shared(v, self.group), self.chunk_size or T)
+            before = (fq @ Sz).reshape(B, H, T, -1)  # Eq. 7: each query head reads its group's [S | z]
+            S, z = source_state(fk, v)  # Eq. 5 over the prompt, n heads
+            Sz += torch.cat([S, z[..., None]], -1)
+            out = normalize(numerator + before[..., :-1], denominator + before[..., -1])
+        return self.merge(out.to(x.dtype))
+
     @torch.no_grad()
     def fold(self):  # Eq. 8, a query head taking its group's W_phi; with rotary positions the rotation sits between
         if self.rotary:  # W_q and W_phi (phi reads the rotated q): nothing folds
@@ -310,6 +331,10 @@ class FamilyBlock(Block):
 
     def step(self, x, state, rotation=None):
         x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"], **rotary(rotation)))
+        return self.residual(x, self.norm2, self.ffn)
+
+    def prefill(self, x, state, rotation=None):
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.prefill(y, state["self"], **rotary(rotation)))
         return self.residual(x, self.norm2, self.ffn)
 
 
@@ -366,5 +391,14 @@ class FamilyLM(TransformerLM):
         return self.output(x)
 
     @torch.no_grad()
-    def prefill(self, tokens, state, chunk: int = 0):  # its layers' parallel prefill (rotary angles, grouped heads)
-        return prefill_by_steps(self, tokens, state)   # is not written yet: t2r.py's reference, a step a token
+    def prefill(self, tokens, state, chunk: int = PREFILL_CHUNK):  # t2r.TransformerBase.prefill, with the rotary
+        if self.training:                                            # angles of the prompt's positions
+            raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
+        for start in range(0, tokens.shape[1], chunk):
+            piece = tokens[:, start:start + chunk]
+            x = self.embed(piece, start=state["pos"])
+            rotation = self.embed.rotation(piece.shape[1], state["pos"], x.dtype)
+            for layer, layer_state in zip(self.layers, state["layers"]):
+                x = layer.prefill(x, layer_state, rotation)
+            state["pos"] += piece.shape[1]
+        return self.output(x[:, -1]), state

@@ -32,7 +32,7 @@ from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
-from t2r import PREFILL_CHUNK, TransformerBase, is_folded, prefill_by_steps
+from t2r import PREFILL_CHUNK, is_folded, prefill_by_steps
 
 
 # -----------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def traits(model) -> Traits:
     kv_width = c.kv_width() if hasattr(c, "kv_width") else c.d_model  # grouped-query heads keep fewer
     return Traits(f"attention {', '.join(sorted(set(kinds)))}{window}{folded}", form, kinds.count("softmax"),
                   kv_width, getattr(c, "max_positions", 0), own_step=False,
-                  parallel_prefill=type(model).prefill is TransformerBase.prefill)  # t2r.py's: its layers' own
+                  parallel_prefill=type(model).prefill is not prefill_by_steps)
 
 
 # -----------------------------------------------------------------------------

@@ -218,6 +218,4 @@ class SRUppLM(nn.Module):
         state["pos"] += 1
         return self.lm_head(x), state
 
-    @torch.no_grad()
-    def prefill(self, tokens, state, chunk: int = 0):  # the recurrence's parallel prefill is not written yet:
-        return prefill_by_steps(self, tokens, state)   # t2r.py's reference, a step a token
+    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the recurrence's parallel form is not written

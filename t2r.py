@@ -572,9 +572,9 @@ class Seq2SeqTransformer(TransformerBase):
                                      for layer in self.layers]}
 
 
-def prefill_by_steps(model, tokens, state):
-    """The reference prefill: each of tokens (B, T) through model.step. Also the prefill of the models beside the
-    paper's whose layers have no parallel one."""
+def prefill_by_steps(model, tokens, state, chunk: int = 0):
+    """The reference prefill: each of tokens (B, T) through model.step (chunk: unused, a step holds one position).
+    Also the prefill of the models beside the paper's whose layers have no parallel one yet (prefill = this)."""
     for t in range(tokens.shape[1]):
         logits, state = model.step(tokens[:, t], state)
     return logits, state

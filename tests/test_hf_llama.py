@@ -205,6 +205,24 @@ def test_a_run_of_earlier_code_generates_from_its_token_cache(finetuned_llama, t
     assert texts[0] == texts[1] and texts[0].startswith("w3 w4")
 
 
+def test_a_converted_llama_reads_its_prompt_in_one_pass_and_generates_as_a_step_a_token(finetuned_llama, tmp_path):
+    """--prefill parallel (rotary angles from the prompt's positions, grouped heads) against --prefill step: the same
+    greedy text; the first line says how the prompt was read."""
+    from conftest import run_in_process
+    run_dir, _ = finetuned_llama
+    outputs = {}
+    for prefill in ("parallel", "step"):
+        result = run_in_process("generate.py", "--ckpt", str(run_dir / "model.pt"), "--prompt", "w3 w4 w1 w2 w3",
+                                "--num_tokens", "12", "--temperature", "0", "--prefill", prefill, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        what, text = result.stdout.split("model.pt: ", 1)[1].split("\n", 1)
+        outputs[prefill] = (what, text.split("\ntime to the first token")[0])
+    print(outputs)
+    assert outputs["parallel"][0].endswith("; prompt read in one parallel pass")
+    assert outputs["step"][0].endswith("; prompt read a step a token")
+    assert outputs["parallel"][1] == outputs["step"][1]
+
+
 @pytest.mark.parametrize("num_tokens, past", [(8, False), (40, True)])
 def test_generating_past_the_trained_length_is_said_once(finetuned_llama, tmp_path, num_tokens, past):
     """Rotary angles have no end, so nothing refuses position 33 of a model finetuned on 32-token sequences; it says

@@ -20,6 +20,8 @@ from t2r import fold, prefill_by_steps
 # float64 sums of up to 30 products of O(1) numbers, in another order than the steps' (chunks, one matrix product for
 # the state): both are within a few ulps (1e-16) of the exact sums, 1e-10 leaves room for the layers that follow
 TIGHT = 1e-10
+LLAMA = dict(norm="rmsnorm", ffn="swiglu", bias="none", n_head=4, n_kv_head=2, rope_theta=1000.0,
+             scale_embedding=False)  # 2 query heads a key/value head
 LM_CASES = {
     "t2r": dict(attn="t2r"),
     "t2r folded": dict(attn="t2r", fold=True),
@@ -30,9 +32,12 @@ LM_CASES = {
     "softmax below t2r": dict(attn=["softmax", "t2r"], fold=True),
     "t2r post-norm": dict(attn="t2r", pre_norm=False),
     "adaptive input and softmax": dict(attn="t2r", adaptive_cutoffs=[20, 40], fold=True),
-    # models beside the paper's, whose prefill is t2r.py's reference for now (their parallel form is not written)
-    "Llama's switches (rotary, grouped heads)": dict(attn="t2r", norm="rmsnorm", ffn="swiglu", bias="none",
-                                                    n_kv_head=1, rope_theta=1000.0, scale_embedding=False),
+    # families.py's: the rotary angles of the prompt's positions, grouped heads, learned positions
+    "Llama's switches (rotary, grouped heads)": dict(attn="t2r", **LLAMA),
+    "Llama's switches, softmax": dict(attn="softmax", **LLAMA),
+    "Llama's switches, softmax below t2r": dict(attn=["softmax", "t2r"], **LLAMA),
+    "GPT-2's switches": dict(attn="t2r", max_positions=64, activation="gelu_tanh", scale_embedding=False, fold=True),
+    # beside the paper's, prefilled by t2r.py's reference for now (its parallel form is not written)
     "t2r window": dict(attn="t2r", window=3),
 }
 
@@ -87,7 +92,8 @@ def test_prefill_then_steps_equals_a_step_a_token(case):
     assert report(f"{case}: prefill of 11 then 8 steps - 19 steps (logits, state)", diff) < TIGHT
 
 
-@pytest.mark.parametrize("case", ["t2r", "t2r folded", "softmax", "softmax below t2r", "rfa"])
+@pytest.mark.parametrize("case", ["t2r", "t2r folded", "softmax", "softmax below t2r", "rfa",
+                                  "Llama's switches (rotary, grouped heads)", "Llama's switches, softmax"])
 @pytest.mark.parametrize("split", [1, 4, 7])
 def test_a_prefill_continued_from_a_state_equals_one_prefill_of_the_whole(case, split):
     model = lm(case)
@@ -100,7 +106,7 @@ def test_a_prefill_continued_from_a_state_equals_one_prefill_of_the_whole(case, 
     assert report(f"{case}: prefill of {split} then {13 - split} - prefill of 13", diff) < TIGHT
 
 
-@pytest.mark.parametrize("case", ["t2r", "softmax"])
+@pytest.mark.parametrize("case", ["t2r", "softmax", "Llama's switches (rotary, grouped heads)"])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_a_long_prompt_in_pieces_equals_it_at_once(case, chunk):
     model = lm(case)
