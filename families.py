@@ -22,7 +22,7 @@ from layers.embedding import Embedding
 from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, add_to_state, linear_attention_chunked_sums,
+                 TransformerBase, TransformerLM, add_to_state, causal_after, linear_attention_chunked_sums,
                  linear_attention_noncausal, normalize, read_state, softmax_attention, source_state)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
@@ -251,8 +251,7 @@ class GroupedSoftmaxAttention(GroupedAttention, SoftmaxAttention):
         q, k, v = self.project(x, x, rotation)
         before, T = state["length"], x.shape[1]
         keys, values = (shared(t, self.group) for t in append_to_cache(state, k, v))
-        sees = torch.ones(T, before + T, dtype=torch.bool, device=x.device).tril(before)  # key j <= before + i
-        return self.merge(F.scaled_dot_product_attention(q, keys, values, attn_mask=sees))
+        return self.merge(F.scaled_dot_product_attention(q, keys, values, **causal_after(before, T, x.device)))
 
 
 class GroupedLinearAttention(GroupedAttention, LinearAttention):

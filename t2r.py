@@ -301,8 +301,7 @@ class SoftmaxAttention(Attention):
         q, k, v = self.project(x, x)
         before, T = state["length"], x.shape[1]
         keys, values = append_to_cache(state, k, v)  # (B, H, before + T, d)
-        sees = torch.ones(T, before + T, dtype=torch.bool, device=x.device).tril(before)  # key j <= before + i
-        return self.merge(F.scaled_dot_product_attention(q, keys, values, attn_mask=sees))
+        return self.merge(F.scaled_dot_product_attention(q, keys, values, **causal_after(before, T, x.device)))
 
     def init_cross_state(self, source, key_mask):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
@@ -315,6 +314,14 @@ class SoftmaxAttention(Attention):
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's keys and values
         q = self.heads(self.q_proj(x))
         return self.merge(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
+
+
+def causal_after(before: int, T: int, device) -> dict:
+    """SDPA's mask for T queries after `before` cached positions: query i sees keys j <= before + i (with nothing
+    before, the fused causal kernel's own)."""
+    if not before:
+        return {"is_causal": True}
+    return {"attn_mask": torch.ones(T, before + T, dtype=torch.bool, device=device).tril(before)}
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
