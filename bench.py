@@ -1,7 +1,7 @@
 """
 Speed and memory of softmax attention against T2R as the sequence grows (Kasai et al., 2021, section 3.3,
-Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; training time and peak
-memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
+Figs. 2 and 3): generation tokens/s, per-token latency, state bytes and peak memory; the time to the first token
+against the prompt's length (prefill); training time and peak memory. Random weights of a small LM and translator, or the shapes and weights of --ckpt; with --mt_runs, trained
 translators on their own test sentences; SRU++ (sru.py) beside them; on a GPU, the largest batch that fits at 8192
 tokens (section capacity). The models: benchmarks/bench_models.py; the flags: benchmarks/bench_flags.py.
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks.bench_flags import QUICK_CAPACITY, get_args
 from benchmarks.bench_models import (CAPACITY_MODELS, LM_MODELS, PAIRS, S2S_MODELS, SRU_MODELS, TRAIN_MODELS, build_lm,
-                                     build_s2s, lm_config, train_model, translator_name)
+                                     build_s2s, lm_config, plain_lm, train_model, transformers_twin, translator_name)
 from benchmarks.bench_report import machine_line, value, write_all
 from benchmarks.bench_tools import (EQ_6_7_OPS, StepTimer, alternating, cuda_reset, largest_batch, latency_at,
                                     measure_step, memory_readings, ratio_rows, row, sru_theory_ratio, step_runner,
@@ -38,8 +38,9 @@ from layers.states import state_bytes
 from support.checkpoints import load_checkpoint
 from support.configs import config_of, is_sru
 from support.fla_kernel import fla_available
+from support.inference import eager_decoder
 from support.runtime import UserError, decoding_kernels, run_main
-from t2r import Config
+from t2r import Config, prefill_by_steps
 from translate import decode_speed, load_run
 
 
@@ -122,6 +123,39 @@ def bench_generation(section, names, batch_sizes, lengths, args, rows, make, lim
                   f"latency {1e3 * latencies[first]:.2f} ms @{first} -> {1e3 * latencies[last]:.2f} ms @{last}",
                   flush=True)
             del model
+
+
+def bench_prefill(args, rows):
+    """Time to the first token against the prompt's length, batch 1: softmax_kv and t2r32 reading the prompt with
+    their prefill (one parallel pass, in pieces of t2r.PREFILL_CHUNK) and a step a token (*_by_steps: the decoder's
+    step, as generation read a prompt before prefill), and, where transformers is installed, a GPT-2 of the LM's
+    shape (random weights) in one batched forward with its cache, the last position's logits: its generate()'s
+    prefill. The median of --gen_repeats, after a warm-up."""
+    c = lm_config(args)
+    twin = transformers_twin("gpt2", c.vocab_size, c.n_layer, c.d_model, c.n_head, c.d_ff, max(args.lengths) + 1)
+    timed = {}
+    for name in ("softmax_kv", "t2r32"):
+        model = plain_lm(name, args)
+        decoder = eager_decoder(model)
+        timed[name] = lambda prompt, model=model: model.prefill(prompt, model.init_state(1))[0]
+        timed[f"{name}_by_steps"] = lambda prompt, d=decoder: prefill_by_steps(d, prompt, d.init_state(1))[0]
+    if twin is not None:
+        twin = twin.to(args.device)
+        timed["transformers_gpt2"] = lambda prompt: twin(prompt, use_cache=True, logits_to_keep=1).logits[:, -1]
+    with torch.no_grad():
+        for L in args.lengths:
+            prompt = torch.randint(0, c.vocab_size, (1, L), device=args.device)
+            for name, prefill in timed.items():
+                prefill(prompt[:, :min(L, 16)])  # warm-up
+                timer = StepTimer(args.device)
+                timer.mark()
+                for _ in range(args.gen_repeats):
+                    prefill(prompt)
+                    timer.mark()
+                seconds = statistics.median(timer.intervals())
+                rows.append(row("prefill", name, 1, L, "first_token_ms", 1e3 * seconds, "ms"))
+            print(f"prefill L={L:<5d} " + "  ".join(f"{name} {value(rows, 'prefill', name, 1, L, 'first_token_ms'):.1f}"
+                                                 f" ms" for name in timed), flush=True)
 
 
 def bench_pairs(args, rows):
@@ -319,6 +353,7 @@ def main(argv=None):
         "gen": lambda: bench_generation("gen", [*lm_models, *SRU_MODELS], args.batch_sizes, args.lengths, args, rows,
                                         lambda name: build_lm(name, args),
                                         limits={"softmax_recompute": args.recompute_max}),
+        "prefill": lambda: bench_prefill(args, rows),
         "pairs": lambda: bench_pairs(args, rows),
         "s2s": lambda: bench_generation("s2s", S2S_MODELS, args.s2s_batch_sizes, args.s2s_lengths, args, rows,
                                         lambda name: build_s2s(name, args), max_tokens=args.s2s_max_tokens),

@@ -23,7 +23,8 @@ from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
 from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
                  TransformerBase, TransformerLM, add_to_state, causal_after, linear_attention_chunked_sums,
-                 linear_attention_noncausal, normalize, read_state, softmax_attention, source_state)
+                 linear_attention_noncausal, normalize, prefill_piece, read_state, softmax_attention,
+                 source_state)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -393,8 +394,9 @@ class FamilyLM(TransformerLM):
     def prefill(self, tokens, state, chunk: int = PREFILL_CHUNK):  # t2r.TransformerBase.prefill, with the rotary
         if self.training:                                            # angles of the prompt's positions
             raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
-        for start in range(0, tokens.shape[1], chunk):
-            piece = tokens[:, start:start + chunk]
+        size = prefill_piece(self.config, tokens.shape[1], chunk)
+        for start in range(0, tokens.shape[1], size):
+            piece = tokens[:, start:start + size]
             x = self.embed(piece, start=state["pos"])
             rotation = self.embed.rotation(piece.shape[1], state["pos"], x.dtype)
             for layer, layer_state in zip(self.layers, state["layers"]):

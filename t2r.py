@@ -36,6 +36,7 @@ EPS = 1e-6
 PREFILL_CHUNK = 2048  # positions a prefill reads in one parallel pass (a longer prompt goes in pieces of this size)
 
 
+
 @dataclass
 class Config:
     vocab_size: int = 10_000        # tokens in the (shared source/target) vocabulary
@@ -239,6 +240,13 @@ def linear_attention_prefill(fq, fk, v, Sz, chunk_size: int):  # fq, fk (B, H, T
     S, z = source_state(fk, v)  # Eq. 5 over the prompt: S_T = S_0 + sum_j phi(k_j) v_j^T, z_T = z_0 + sum_j phi(k_j)
     Sz += torch.cat([S, z[..., None]], -1)  # in place, as a step's
     return normalize(numerator + before[..., :-1], denominator + before[..., -1])
+
+
+def prefill_piece(config, length: int, chunk: int) -> int:
+    """The positions a prefill reads at once: `chunk`, where a state of fixed size holds the past; the whole prompt
+    where a softmax layer keeps a KV cache of every position anyway (SDPA's fused causal kernel, faster than a masked
+    piece after cached positions, whose scores would be chunk x length)."""
+    return max(chunk, length) if "softmax" in config.layer_kinds() else chunk
 
 
 # -----------------------------------------------------------------------------
@@ -521,8 +529,9 @@ class TransformerBase(nn.Module):
         (but a KV cache's, which holds every position), and no logits are made for the positions before the last."""
         if self.training:
             raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
-        for start in range(0, tokens.shape[1], chunk):
-            piece = tokens[:, start:start + chunk]
+        size = prefill_piece(self.config, tokens.shape[1], chunk)
+        for start in range(0, tokens.shape[1], size):
+            piece = tokens[:, start:start + size]
             x = self.embed(piece, start=state["pos"])
             for layer, layer_state in zip(self.layers, state["layers"]):
                 x = layer.prefill(x, layer_state)

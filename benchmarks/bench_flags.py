@@ -15,7 +15,7 @@ import torch
 from benchmarks.bench_models import CAPACITY_MODELS, GEN_MODELS, LM_MODELS, PAIRS, S2S_MODELS, SRU_MODELS
 from support.runtime import Parser, non_negative_int, seed
 
-SECTIONS = ("gen", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU
+SECTIONS = ("gen", "prefill", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
             "2048,4096", s2s_batch_sizes="1,16,64", recompute_max=512, memory_length=4096,
             train_lengths="512,1024,2048,4096,8192", quadratic_max=4096, repeats=3, pair_rounds=21, pair_steps=128,

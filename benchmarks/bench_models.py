@@ -100,20 +100,46 @@ def place(model: nn.Module, args) -> nn.Module:
     return model.to(args.device, torch.bfloat16 if args.dtype == "bfloat16" else torch.float32)
 
 
+def plain_lm(name: str, args):
+    """The model of LM_MODELS[name] as t2r.py builds it (folded where the name says), on --device: no decoder."""
+    kind, k, folded, _ = LM_MODELS[name]
+    window = WINDOW if "window" in name else 0
+    model = load_fitting(build_model(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
+    return place(fold(model) if folded else model, args)
+
+
+def transformers_twin(family: str, vocab: int, layers: int, width: int, heads: int, ffn: int, positions: int):
+    """transformers' own model of a shape, random weights, in eval mode (None where transformers is not installed):
+    a GPT-2, or a Llama (rotary positions, SwiGLU, 2 query heads a key/value head). Its generate() makes exactly
+    the new tokens asked for (no end-of-text token)."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    transformers.utils.logging.disable_progress_bar()
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_layer=layers, n_embd=width, n_head=heads, n_inner=ffn,
+                                         n_positions=positions, bos_token_id=None, eos_token_id=None)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=width,
+                                          num_attention_heads=heads, num_key_value_heads=heads // 2,
+                                          intermediate_size=ffn, max_position_embeddings=positions,
+                                          tie_word_embeddings=True, bos_token_id=None, eos_token_id=None)
+        model = transformers.LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = model.generation_config.eos_token_id = None
+    return model.eval()
+
+
 def build_lm(name: str, args):
     """name -> (model, mode) with mode 'step' (recurrent) or 'recompute' (the whole prefix at every token)."""
     if name in SRU_MODELS:
         return place(sru_model(name, args).eval(), args), "step"
-    kind, k, folded, _ = LM_MODELS[name]
-    window = WINDOW if "window" in name else 0
-    model = load_fitting(build_model(lm_config(args, attn=kind, feature_size=k, window=window)), args).eval()
-    if folded:
-        model = fold(model)
+    model = plain_lm(name, args)
     if name == "floor":
-        model = replace_self_attention(model, lambda attn: NoAttention())
+        model = place(replace_self_attention(model, lambda attn: NoAttention()), args)
     if name.startswith("proj_only"):
-        model = replace_self_attention(model, ProjectionsOnly)
-    model = place(model, args)
+        model = place(replace_self_attention(model, ProjectionsOnly), args)
     if name == "softmax_recompute":
         return model, "recompute"
     if name.endswith("_compiled"):

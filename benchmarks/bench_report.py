@@ -211,6 +211,8 @@ def markdown(rows, args, command, seconds, models) -> str:
     lines += table(rows, "gen", "state_bytes", "state (KV cache or S, z)", batch=big)
     lines += table(rows, "gen", "rss_bytes" if cpu else "cuda_peak_bytes",
                    "process resident set" if cpu else "CUDA peak", batch=big)
+    lines += ["## Prefill: the time to the first token, batch 1", ""]
+    lines += table(rows, "prefill", "first_token_ms", "the prompt read, its last position's logits")
     lines += ["## Generation, encoder-decoder (Fig. 2, 3)", ""]
     lines += table(rows, "s2s", "tokens_per_s", "tokens/s") + table(rows, "s2s", "latency_ms", "per-token latency")
     lines += table(rows, "s2s", "speedup", f"{CROSSOVER[0]} / {CROSSOVER[1]} tokens/s: where T2R starts to win")

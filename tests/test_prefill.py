@@ -106,7 +106,7 @@ def test_a_prefill_continued_from_a_state_equals_one_prefill_of_the_whole(case, 
     assert report(f"{case}: prefill of {split} then {13 - split} - prefill of 13", diff) < TIGHT
 
 
-@pytest.mark.parametrize("case", ["t2r", "softmax", "Llama's switches (rotary, grouped heads)"])
+@pytest.mark.parametrize("case", ["t2r", "rfa", "Llama's switches (rotary, grouped heads)"])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_a_long_prompt_in_pieces_equals_it_at_once(case, chunk):
     model = lm(case)
@@ -115,6 +115,14 @@ def test_a_long_prompt_in_pieces_equals_it_at_once(case, chunk):
     logits, state = model.prefill(tokens, model.init_state(2), chunk=chunk)
     diff = max((logits - at_once).abs().max().item(), largest_difference(state, state_at_once))
     assert report(f"{case}: prefill in pieces of {chunk} - at once", diff) < TIGHT
+
+
+@pytest.mark.parametrize("kinds, piece", [("t2r", 8), (["softmax", "t2r"], 23), ("softmax", 23)])
+def test_a_model_with_a_kv_cache_reads_the_prompt_at_once(kinds, piece):
+    """Pieces bound the memory of a state of fixed size; a softmax layer's cache holds every position anyway, and its
+    fused causal kernel is faster than a masked piece after cached positions."""
+    from t2r import prefill_piece
+    assert prefill_piece(tiny_lm(attn=kinds).config, 23, 8) == piece
 
 
 @pytest.mark.parametrize("model_of", [
