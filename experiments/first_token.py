@@ -62,16 +62,16 @@ def first_token(name: str, model, prompt) -> float:
 
 
 @torch.no_grad()
-def prompt_and_new_tokens(name: str, model, prompt) -> float:
-    """Seconds from the prompt to NEW_TOKENS greedy tokens: generate(), or our prefill then the steps."""
+def prompt_and_new_tokens(name: str, model, prompt, new: int = NEW_TOKENS) -> float:
+    """Seconds from the prompt to `new` greedy tokens: generate(), or our prefill then the steps."""
     start = time.perf_counter()
     if name == "transformers":
-        model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+        model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False)
     else:
         decoder = eager_decoder(model)  # generate.py's: the step unrolled where it fits
         state = decoder.init_state(1)
         logits, state = model.prefill(prompt, state, chunk=PREFILL_CHUNK)
-        for _ in range(NEW_TOKENS - 1):
+        for _ in range(new - 1):
             logits, state = decoder.step(logits.argmax(-1), state)
     return time.perf_counter() - start
 
@@ -96,30 +96,32 @@ def main(argv=None):
     p.add_argument("--only", default="transformers,softmax,t2r", help="comma-separated models to time")
     p.add_argument("--repeats", type=positive_int, default=3, help="paired repeats a figure is the median of")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
-    p.add_argument("--quick", action="store_true", help="prompts of 16 and 64 tokens, one repeat: the pipeline")
+    p.add_argument("--quick", action="store_true", help="prompts of 16 and 64 tokens, 8 new ones, one repeat: the "
+                   "pipeline")
     p.add_argument("--memory", action="store_true", help="one prefill a length, each in a process of its own: the "
                    "peak resident memory (the first length's process first); no timing, no transformers")
     args = p.parse_args(argv)
     families, only = args.families.split(","), args.only.split(",")
     if not set(families) <= {"gpt2", "llama"} or not set(only) <= {"transformers", "softmax", "t2r"}:
         raise UserError("--families takes gpt2 and llama, --only transformers, softmax and t2r (comma-separated)")
-    lengths, repeats = ([16, 64], 1) if args.quick else (args.lengths, args.repeats)
+    lengths, repeats, new = ([16, 64], 1, 8) if args.quick else (args.lengths, args.repeats, NEW_TOKENS)
+    with_new = lambda name, model, prompt: prompt_and_new_tokens(name, model, prompt, new)
     torch.set_num_threads(args.threads)
     if args.memory:
         return memory(families, only, lengths)
     where = machine()
     print(f"{where['device']}, {args.threads} thread(s), torch {where['torch']}, {where['date']}; "
-          f"prompt then {NEW_TOKENS} greedy tokens, batch 1, medians of {repeats}")
-    print("\n| shape | prompt | model | first token (s) | / transformers | prompt + 256 tokens (s) | / generate() |")
+          f"prompt then {new} greedy tokens, batch 1, medians of {repeats}")
+    print(f"\n| shape | prompt | model | first token (s) | / transformers | prompt + {new} tokens (s) | / generate() |")
     print("|---|---|---|---|---|---|---|")
     for family in families:
         chosen = {name: model for name, model in models(family, max(lengths) + NEW_TOKENS).items() if name in only}
         warm = torch.randint(0, SHAPE["vocab"], (1, lengths[0]))
-        paired(first_token, chosen, warm, 1), paired(prompt_and_new_tokens, chosen, warm, 1)  # warm-up
+        paired(first_token, chosen, warm, 1), paired(with_new, chosen, warm, 1)  # warm-up
         for length in lengths:
             prompt = torch.randint(0, SHAPE["vocab"], (1, length))
             first = paired(first_token, chosen, prompt, repeats)
-            total = paired(prompt_and_new_tokens, chosen, prompt, repeats)
+            total = paired(with_new, chosen, prompt, repeats)
             for name in chosen:
                 against = lambda times: (f"{times[name] / times['transformers']:.2f}x"
                                          if "transformers" in times else "-")

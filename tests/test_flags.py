@@ -90,8 +90,8 @@ def test_bad_flags_are_refused_before_any_work(capsys, script, flags, message):
     assert_flags_refused(GET_ARGS[script], flags.split(), message, capsys)
 
 
-EXPERIMENTS = ["analyze_attention", "conversion", "from_scratch", "gpt2_cost", "llama_cost", "mqar", "probes",
-               "report", "study"]
+EXPERIMENTS = ["analyze_attention", "conversion", "first_token", "from_scratch", "gpt2_cost", "llama_cost", "mqar",
+               "probes", "report", "study"]
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -181,3 +181,29 @@ def test_prefill_refuses_a_model_in_training_mode():
     model = lm("t2r").train()
     with pytest.raises(ValueError, match="call model.eval"):
         model.prefill(torch.zeros(1, 3, dtype=torch.long), model.init_state(1))
+
+
+def test_the_first_token_experiment_times_every_model_against_transformers(capsys):
+    """experiments/first_token.py's pipeline at toy lengths: transformers' Llama and ours on its weights, a row per
+    model and length with its ratio to transformers' time (the figures themselves are the machine's)."""
+    pytest.importorskip("transformers")
+    from experiments import first_token
+    first_token.main(["--quick", "--families", "llama", "--only", "transformers,t2r"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| Llama |")]
+    print("\n".join(rows))
+    assert [row.split(" | ")[1:3] for row in rows] == [["16", "transformers"], ["16", "t2r"], ["64", "transformers"],
+                                                       ["64", "t2r"]]
+    assert all(row.split(" | ")[4] == "1.00x" for row in rows[::2])
+
+
+def test_ours_read_transformers_weights_and_give_its_logits():
+    """The models first_token.py pairs are the same model: our softmax teacher, read from transformers' folder,
+    gives its logits (float32: within 1e-4 of logits of size ~1, a sum of 256 products a layer)."""
+    pytest.importorskip("transformers")
+    from experiments import first_token
+    chosen = first_token.models("llama", 32)
+    prompt = torch.randint(0, first_token.SHAPE["vocab"], (1, 20))
+    with torch.no_grad():
+        theirs = chosen["transformers"](prompt).logits[:, -1]
+        ours, _ = chosen["softmax"].prefill(prompt, chosen["softmax"].init_state(1))
+    assert report("first_token's Llama: ours - transformers, last logits", (ours - theirs).abs().max()) < 1e-4
