@@ -67,9 +67,9 @@ def largest_difference(a, b) -> float:
     if torch.is_tensor(a):
         return (a - b).abs().max().item() if a.numel() else 0.0
     if isinstance(a, dict):
-        if "length" in a:  # a KV cache: its capacity beyond the length holds nothing
+        if "length" in a:  # a KV cache: its capacity beyond the length holds nothing (the rest of the state is kept)
             assert a["length"] == b["length"]
-            a, b = ({k: v[..., :s["length"], :] for k, v in s.items() if k in ("k", "v")} for s in (a, b))
+            a, b = ({k: v[..., :s["length"], :] if k in ("k", "v") else v for k, v in s.items()} for s in (a, b))
         return max((largest_difference(a[k], b[k]) for k in a if not isinstance(a[k], (int, float))), default=0.0)
     if isinstance(a, list):
         return max((largest_difference(x, y) for x, y in zip(a, b)), default=0.0)
