@@ -9,8 +9,11 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --check                               # recurrent logits against one parallel pass
     python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
+    python generate.py --prefill step                        # read the prompt a step a token, to compare
 
-The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
+The prompt is read by the model's prefill, in one parallel pass as a transformer reads it (t2r.py: the chunked form
+of Eq. 4, its state handed to the step; a softmax layer's KV cache filled at once); the time to the first token and
+the decoding speed after it are printed apart. The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
 logits, its layers without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R
 checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
