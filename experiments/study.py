@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from experiments.claims import DOUBLED, LONGER, LONGER_SEEDS  # the from-scratch control: its name, 2x, its seeds
 from experiments.gather import gather
@@ -104,6 +105,29 @@ def lm_runs(out: str, size: dict) -> list:
     runs += [run("pretrained", "t2r", k, 0, model="t2r-frozen", extra={"freeze_feature_map": True})
              for k in FEATURE_SIZES]
     runs += [run("random", "t2r", k, 0) for k in FEATURE_SIZES if k != MAIN_K]
+    return runs
+
+
+TEACHER_SEEDS = (1, 2)  # the 1x teacher trained again: a conversion inherits its teacher's seed, which one teacher
+# never samples
+
+
+def teacher_seed_runs(out: str, size: dict) -> list:
+    """The 1x teacher trained again with each of TEACHER_SEEDS and converted to T2R (k = 32) with the same seed, as the
+    plan converts seed 0's (t2r-pretrained-k32-s0): the conversion arm of the equal-budget comparison, one conversion
+    a teacher. `--stage teachers` trains and keeps them; the results stage does not read them yet."""
+    plan = {run.name: run for run in lm_runs(out, size)}
+    teacher, conversion = plan["softmax-random-s0"], plan[f"t2r-pretrained-k{MAIN_K}-s0"]
+    runs = []
+    for seed in TEACHER_SEEDS:
+        name = f"softmax-random-s{seed}"
+        again = replace(teacher, name=name, row={**teacher.row, "seed": seed}, probes=[],
+                        flags={**teacher.flags, "seed": seed, "out_dir": os.path.join(out, "lm", name)})
+        name = f"t2r-pretrained-k{MAIN_K}-from-s{seed}"
+        flags = {**conversion.flags, "seed": seed, "pretrained": os.path.join(again.out_dir, "ckpt.pt"),
+                 "out_dir": os.path.join(out, "lm", name)}
+        runs += [again, replace(conversion, name=name, row={**conversion.row, "seed": seed, "teacher_seed": seed},
+                                probes=[], flags=flags)]
     return runs
 
 
@@ -343,9 +367,10 @@ def summary(results: dict) -> str:
 
 def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
-    p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "results"],
+    p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "results", "teachers"],
                    help="one part of the study, its runs and their probes (all: both parts; results: the CSVs and "
-                   "the report, from out/ or the records in results/runs)")
+                   "the report, from out/ or the records in results/runs; teachers: the 1x teacher again with seeds "
+                   "1 and 2, each converted, kept but not yet read by the results)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -363,7 +388,8 @@ def main(argv=None):
     add_probes(lm_plan, mt_plan, args.quick)
     records = Records(out, os.path.join(results_dir, "runs"))  # what a new machine continues from
     t0 = time.time()
-    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan}
+    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan,
+             "teachers": teacher_seed_runs(out, LM_SIZES[size])}
     if args.stage in plans:
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:

@@ -71,3 +71,69 @@ def permutation_p(xs, ys, statistic=None, rounds: int = PERMUTATIONS) -> float:
         rng.shuffle(shuffled)
         hits += statistic(xs, shuffled) >= observed - 1e-12
     return hits / (rounds + 1)
+
+
+# -----------------------------------------------------------------------------
+# Two arms of a few seeds each: the equal-budget comparison with one conversion a teacher. The rule below was set on
+# 2026-11-28, while the teachers of seeds 1 and 2 trained and before either conversion ran (experiments/study.py's
+# --stage teachers); a change after their numbers are known goes to the page beside the verdict it replaced.
+
+def student_t_two_sided(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with df degrees of freedom (any df > 0): the regularised incomplete beta
+    I_x(df / 2, 1 / 2) at x = df / (df + t^2), by its continued fraction (Lentz's method)."""
+    import math
+    x, a, b = df / (df + t * t), df / 2, 0.5
+    if x <= 0 or x >= 1:  # |t| infinite, or t = 0
+        return 0.0 if x <= 0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    fraction = d
+    for m in range(1, 300):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            fraction *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return min(1.0, front * fraction)  # x < (a + 1) / (a + b + 2) at every df here: the fraction converges
+
+
+def welch(xs: list, ys: list) -> tuple:
+    """Welch's t test of mean(xs) against mean(ys): (t, degrees of freedom, two-sided p)."""
+    mean = lambda v: sum(v) / len(v)
+    var = lambda v: sum((x - mean(v)) ** 2 for x in v) / (len(v) - 1)
+    a, b = var(xs) / len(xs), var(ys) / len(ys)
+    t = (mean(xs) - mean(ys)) / (a + b) ** 0.5
+    df = (a + b) ** 2 / (a ** 2 / (len(xs) - 1) + b ** 2 / (len(ys) - 1))
+    return t, df, student_t_two_sided(t, df)
+
+
+def exact_permutation_p(xs: list, ys: list) -> float:
+    """Two-sided: the share of all splits of the pooled runs into groups of their sizes whose |difference of means|
+    is at least the observed one (3 against 3: 20 splits, a split and its mirror alike, so never below 2 / 20 =
+    0.10; 2 against 3: 10 splits, at best 1 / 10)."""
+    from itertools import combinations
+    pooled, n = xs + ys, len(xs)
+    gap = lambda chosen: abs(sum(pooled[i] for i in chosen) / n -
+                             sum(pooled[i] for i in range(len(pooled)) if i not in chosen) / len(ys))
+    observed, splits = gap(range(n)), list(combinations(range(len(pooled)), n))
+    return sum(gap(chosen) >= observed - 1e-12 for chosen in splits) / len(splits)
+
+
+SEPARATED = 0.05  # Welch's two-sided p below this, and the permutation p the smallest the arms' sizes allow
+
+
+def two_arms(low: list, high: list) -> str:
+    """The verdict on "the runs of `low` are below those of `high`": yes (or **no**, the other way) only where every run
+    of one arm is beyond every run of the other (the exact permutation p at the smallest the arms' sizes can give)
+    and Welch's two-sided p is below SEPARATED; within noise otherwise."""
+    from math import comb
+    smallest = (2 if len(low) == len(high) else 1) / comb(len(low) + len(high), len(low))
+    separated = exact_permutation_p(low, high) <= smallest + 1e-12 and welch(low, high)[2] < SEPARATED
+    if not separated:
+        return "within noise"
+    return "yes" if sum(low) / len(low) < sum(high) / len(high) else "**no**"

@@ -536,3 +536,35 @@ def test_the_speed_claim_says_what_the_head_size_makes_of_elu(elu_k, expected):
     ours = claims.speed_claim(soft, t2r, elu)[2]
     print(ours)
     assert f"ELU's k is the head size, {elu_k}, against T2R's 32 (cross) and 4 (causal): {expected}" in ours
+
+
+# The two arms of the equal-budget comparison with one conversion a teacher (verdicts.two_arms; its rule set before
+# the conversions ran)
+
+@pytest.mark.parametrize("t, df, p", [(2.0, 10, 0.073388), (2.228139, 10, 0.05), (1.0, 1, 0.5), (0.0, 4, 1.0),
+                                      (12.706205, 1, 0.05), (2.570582, 5, 0.05)])
+def test_students_t_two_sided_p_is_the_tables(t, df, p):
+    assert abs(verdicts.student_t_two_sided(t, df) - p) < 1e-5
+
+
+def test_welch_on_the_studys_runs_is_what_the_review_computed():
+    """The equal-budget runs at 1x (results/lm_ptb.csv): T2R + pretrain's two seeds of one teacher against T2R from
+    scratch's three: Welch t 2.43, df 2.5, two-sided p 0.11, as the issue's review found."""
+    conversions, scratch = [136.3934, 135.0723], [133.3594, 134.6771, 132.5650]
+    t, df, p = verdicts.welch(conversions, scratch)
+    assert (round(t, 2), round(df, 1), round(p, 2)) == (2.43, 2.5, 0.11)
+
+
+@pytest.mark.parametrize("low, high, p", [([1, 2, 3], [4, 5, 6], 0.1), ([1, 5, 3], [4, 2, 6], 0.7),
+                                          ([1.0, 2.0], [3.0, 4.0, 5.0], 0.2)])  # {4, 5} against {1, 2, 3}: as far
+def test_the_exact_permutation_p_counts_every_split(low, high, p):
+    assert abs(verdicts.exact_permutation_p(low, high) - p) < 1e-12
+
+
+@pytest.mark.parametrize("low, high, expected", [
+    ([132.0, 132.5, 133.0], [135.0, 135.5, 136.0], "yes"),  # every run below, Welch p far below 0.05
+    ([135.0, 135.5, 136.0], [132.0, 132.5, 133.0], "**no**"),
+    ([132.0, 134.9, 133.0], [135.0, 138.0, 141.0], "within noise"),  # separated, but Welch p 0.07: spread too wide
+    ([132.0, 135.2, 133.0], [135.0, 135.5, 136.0], "within noise")])  # one run of each arm overlaps
+def test_two_arms_differ_only_when_separated_and_welch_agrees(low, high, expected):
+    assert verdicts.two_arms(low, high) == expected

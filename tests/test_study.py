@@ -285,6 +285,25 @@ def test_a_dry_run_counts_the_runs_kept_under_results_as_done_and_restores_nothi
     assert f"{runs[1].name}: todo |" in printed and not (tmp_path / "out").exists()
 
 
+def test_the_teacher_seed_runs_are_the_plans_teacher_and_conversion_with_another_seed(tmp_path):
+    """--stage teachers: the 1x teacher again with seeds 1 and 2, each converted by the plan's recipe from its own
+    checkpoint with its seed; every other flag the plan's seed-0 runs'."""
+    from experiments.sizes import LM_SIZES
+    size, out = LM_SIZES["full"], str(tmp_path)
+    plan = {run.name: run for run in study.lm_runs(out, size)}
+    extra = {run.name: run for run in study.teacher_seed_runs(out, size)}
+    assert list(extra) == ["softmax-random-s1", "t2r-pretrained-k32-from-s1", "softmax-random-s2",
+                           "t2r-pretrained-k32-from-s2"]
+    for seed in (1, 2):
+        teacher, conversion = extra[f"softmax-random-s{seed}"], extra[f"t2r-pretrained-k32-from-s{seed}"]
+        same = lambda run, original: {k: v for k, v in run.flags.items() if k not in ("seed", "out_dir", "pretrained")} \
+            == {k: v for k, v in original.flags.items() if k not in ("seed", "out_dir", "pretrained")}
+        assert same(teacher, plan["softmax-random-s0"]) and same(conversion, plan["t2r-pretrained-k32-s0"])
+        assert teacher.flags["seed"] == conversion.flags["seed"] == seed and not teacher.probes
+        assert conversion.flags["pretrained"] == os.path.join(teacher.out_dir, "ckpt.pt")
+        assert study.teacher_of(conversion, list(extra.values())) is teacher
+
+
 def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run_in_process("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"),
                             cwd=tmp_path, check=True)
