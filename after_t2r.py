@@ -272,6 +272,12 @@ class ShortConv(nn.Module):
         last.copy_(window[:, 1:])
         return self.bias + (window * self.weight[:, 0].T).sum(1)
 
+    def prefill(self, x, last):  # x (B, T, h) after the last K - 1 inputs, which move on in place -> (B, T, h)
+        window = torch.cat([last, x], 1)  # the convolution over them and the prompt: T outputs, no padding
+        if self.kernel > 1:
+            last.copy_(window[:, -(self.kernel - 1):])
+        return F.conv1d(window.transpose(1, 2), self.weight, self.bias, groups=x.shape[2]).transpose(1, 2)
+
 
 class ConvAttention(nn.Module):
     """Attention whose input is the short convolution's output; the attention is unchanged (convert swaps it)."""
@@ -290,6 +296,9 @@ class ConvAttention(nn.Module):
     def step(self, x, state):
         return self.attn.step(self.conv.step(x, state["conv"]), state["attn"])
 
+    def prefill(self, x, state):
+        return self.attn.prefill(self.conv.prefill(x, state["conv"]), state["attn"])
+
 
 class ConvLM(TransformerLM):
     """The paper's language model with a short convolution before each self-attention (MQAR's baselines)."""
@@ -297,5 +306,3 @@ class ConvLM(TransformerLM):
     def make_attention(self, kind: str, causal: bool, feature_size: int):
         return ConvAttention(ShortConv(self.config.d_model, self.config.short_conv),
                              super().make_attention(kind, causal, feature_size))
-
-    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the convolution's parallel form is not written

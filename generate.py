@@ -143,8 +143,7 @@ def traits(model) -> Traits:
     state is set beside the KV cache of a transformer of its depth and width d."""
     c = model.config
     if isinstance(model, SRUppLM):
-        return Traits(*model.describe(), kv_layers=0, kv_width=c.d_model, max_positions=0, own_step=True,
-                      parallel_prefill=False)
+        return Traits(*model.describe(), kv_layers=0, kv_width=c.d_model, max_positions=0, own_step=True)
     kinds, window = c.layer_kinds(), getattr(c, "window", 0)  # a family's config (families.py) or the hybrid's
     window = f" with a softmax window of {window}" if window else ""
     folded = " (folded, Eq. 8)" if is_folded(model) else ""

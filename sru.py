@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
-from t2r import prefill_by_steps
+from t2r import causal_after
 
 
 @dataclass
@@ -170,6 +170,21 @@ class SRUppLayer(nn.Module):
             h, state["c"] = sru_cell(u.to(c.dtype), x.to(c.dtype), c, self.v.to(c.dtype), self.b.to(c.dtype))
         return h.to(x.dtype)
 
+    def prefill(self, x, state):
+        """x (B, T, d), the positions after the state's: forward's computation from the state, which moves on."""
+        q = self.q_proj(x)  # (B, T, d')
+        if self.attention:
+            before = state["length"]
+            keys, values = append_to_cache(state, self.k_proj(q), self.v_proj(q))  # (B, before + T, d')
+            a = F.scaled_dot_product_attention(q[:, None], keys[:, None], values[:, None],
+                                               **causal_after(before, x.shape[1], x.device))[:, 0]
+            q = q + self.alpha * a
+        U = self.out_proj(self.norm(q)).view(*x.shape[:2], 3, self.d_model)
+        c = state["c"]
+        with full_precision(x.device):  # Eqs. 2-5, the loop over time only where c[t] reads c[t-1]
+            h, state["c"] = sru_recurrence(U.to(c.dtype), x.to(c.dtype), c, self.v.to(c.dtype), self.b.to(c.dtype))
+        return h.to(x.dtype)
+
 
 # -----------------------------------------------------------------------------
 # The language model: embedding, SRU++ layers, output (section 4, "Models")
@@ -218,4 +233,14 @@ class SRUppLM(nn.Module):
         state["pos"] += 1
         return self.lm_head(x), state
 
-    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the recurrence's parallel form is not written
+    @torch.no_grad()
+    def prefill(self, tokens, state, chunk: int = 0):
+        """tokens (B, T) -> the last one's logits (B, V), as t2r.TransformerBase.prefill: the prompt in one pass
+        (chunk: unused, the attention layers' KV cache holds every position anyway)."""
+        if self.training:
+            raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
+        x = self.embed(tokens) * math.sqrt(self.config.d_model)
+        for layer, layer_state in zip(self.layers, state["layers"]):
+            x = layer.prefill(x, layer_state)
+        state["pos"] += tokens.shape[1]
+        return self.lm_head(x[:, -1]), state

@@ -130,13 +130,22 @@ def test_a_model_with_a_kv_cache_reads_the_prompt_at_once(kinds, piece):
                                            feature_size=4, short_conv=3, dropout=0.0)), id="short convolution"),
     pytest.param(lambda: SRUppLM(SRUConfig(vocab_size=60, n_layer=2, d_model=16, attn_every=2, dropout=0.0)),
                  id="SRU++")])
-def test_the_models_that_prefill_by_steps_give_the_reference(model_of):
+def test_the_short_convolution_and_sru_prefill_as_they_step(model_of):
     torch.manual_seed(0)
     model = model_of().double().eval()
+    with torch.no_grad():  # off their initialisation: the convolution starts as the identity, SRU++'s alpha at 0
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
     tokens = torch.randint(0, 60, (2, 9))
-    expected = steps(model, tokens, model.init_state(2))[:, -1]
-    logits, _ = model.prefill(tokens, model.init_state(2))
-    assert report(f"{type(model).__name__}: prefill - steps", (logits - expected).abs().max()) < TIGHT
+    reference = model.init_state(2)
+    expected = steps(model, tokens, reference)
+    state = model.init_state(2)
+    model.prefill(tokens[:, :3], state)
+    logits, state = model.prefill(tokens[:, 3:7], state)  # continued from a state, the convolution's window across
+    after = steps(model, tokens[:, 7:], state)
+    diff = max((logits - expected[:, 6]).abs().max().item(), (after - expected[:, 7:]).abs().max().item(),
+               largest_difference(state, reference))
+    assert report(f"{type(model).__name__}: prefill of 3, then 4, then 2 steps - 9 steps", diff) < TIGHT
 
 
 @pytest.mark.parametrize("kind", ["t2r", "softmax", "elu"])
