@@ -179,6 +179,24 @@ def test_a_float32_prefill_is_as_close_to_the_float64_truth_as_float32_steps(cas
     assert prefill_error < max(8 * step_error, 1e-5)
 
 
+@pytest.mark.parametrize("case", ["t2r folded", "softmax", "softmax below t2r", "Llama's switches (rotary, grouped heads)"])
+@pytest.mark.parametrize("precision", ["bf16 weights", "float32 under bf16 autocast"])
+def test_a_bf16_prefill_is_as_close_to_the_float64_truth_as_bf16_steps(case, precision):
+    """bf16 keeps 8 significant bits (relative error 4e-3 a rounding): prefill and steps each round otherwise, both
+    with their state in float32. Each is held to the float64 model's last logits: prefill's error at most 4x the steps'
+    own, and 0.05 absolute (both are ~1e-2 here, logits of size ~1)."""
+    model = lm(case)
+    tokens = torch.randint(0, 60, (2, 30))
+    truth = steps(model, tokens, model.init_state(2))[:, -1]
+    low = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16 weights" else torch.float32)
+    with torch.autocast("cpu", torch.bfloat16, enabled=precision != "bf16 weights"):
+        by_steps = steps(low, tokens, low.init_state(2))[:, -1].double()
+        prefilled = low.prefill(tokens, low.init_state(2))[0].double()
+    step_error = report(f"{case}, {precision}: steps - float64", (by_steps - truth).abs().max())
+    prefill_error = report(f"{case}, {precision}: prefill - float64", (prefilled - truth).abs().max())
+    assert prefill_error < max(4 * step_error, 0.05)
+
+
 def test_prefill_by_steps_is_the_reference_every_prefill_is_held_to():
     model = lm("t2r")
     tokens = torch.randint(0, 60, (2, 6))
