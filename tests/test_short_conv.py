@@ -10,14 +10,18 @@ from support.configs import build_model
 from t2r import convert
 
 
-@pytest.mark.parametrize("kernel", [1, 2, 3, 5])
-def test_the_short_convolution_s_step_equals_its_parallel_form(kernel):
+def random_conv(kernel: int):
+    """A convolution of 6 channels off its initialisation (the identity), its input (2, 9, 6), its empty state."""
     torch.manual_seed(0)
     conv = ShortConv(6, kernel).double()
     torch.nn.init.normal_(conv.weight)
     torch.nn.init.normal_(conv.bias)
-    x = torch.randn(2, 9, 6, dtype=torch.float64)
-    last = conv.init_state(2, "cpu", torch.float64)
+    return conv, torch.randn(2, 9, 6, dtype=torch.float64), conv.init_state(2, "cpu", torch.float64)
+
+
+@pytest.mark.parametrize("kernel", [1, 2, 3, 5])
+def test_the_short_convolution_s_step_equals_its_parallel_form(kernel):
+    conv, x, last = random_conv(kernel)
     stepped = torch.stack([conv.step(x[:, t], last) for t in range(9)], 1)
     assert last.shape == (2, kernel - 1, 6)  # the last K - 1 inputs, whatever the length
     assert report(f"K={kernel}: step - parallel", (stepped - conv(x)).abs().max().item()) < 1e-12
@@ -27,12 +31,7 @@ def test_the_short_convolution_s_step_equals_its_parallel_form(kernel):
 def test_the_short_convolution_s_prefill_in_pieces_equals_its_parallel_form(kernel):
     """Pieces of 1, 3 and 5 positions: each reads the last K - 1 inputs the one before left (fewer than K - 1 at
     first: zeros, as the parallel form pads)."""
-    torch.manual_seed(0)
-    conv = ShortConv(6, kernel).double()
-    torch.nn.init.normal_(conv.weight)
-    torch.nn.init.normal_(conv.bias)
-    x = torch.randn(2, 9, 6, dtype=torch.float64)
-    last = conv.init_state(2, "cpu", torch.float64)
+    conv, x, last = random_conv(kernel)
     pieces = torch.cat([conv.prefill(x[:, a:b], last) for a, b in ((0, 1), (1, 4), (4, 9))], 1)
     assert torch.equal(last, x[:, 9 - (kernel - 1):]) if kernel > 1 else last.shape == (2, 0, 6)
     assert report(f"K={kernel}: prefill in pieces - parallel", (pieces - conv(x)).abs().max().item()) < 1e-12
