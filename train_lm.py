@@ -30,6 +30,7 @@ from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.checkpoints import model_from_checkpoint
 from support.configs import build_model, config_of, feature_sizes
+from support.distill import DistilledFrom
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
                          adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
                          conversion_errors, finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name,
@@ -217,6 +218,8 @@ def train_run(args, ddp) -> dict:
     freeze_feature_maps(model, args.freeze_feature_map)
     if args.eval_only:
         return evaluate_finished(task, model, checkpoint)
+    if args.distill_weight:  # KL to the teacher's logits mixed into the finetuning's loss: support/distill.py
+        task = DistilledFrom(task, distillation_teacher(args), model)
     if args.transfer_steps:  # attention transfer first (after_t2r.py), a stage of its own: support/transfer.py
         task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
@@ -351,6 +354,14 @@ def protocol(args, lm) -> str:
     return (f"perplexity over every token of each split, each predicted once with up to {args.eval_context} tokens of "
             f"context (windows advancing by {args.eval_score}, their last {args.eval_score} scored); the first "
             f"token predicted after token {lm.eos_id} ({lm.tokenizer.id_to_token(lm.eos_id)!r}, the end of a line)")
+
+
+def distillation_teacher(args):
+    """The softmax teacher --distill_weight distils, read again as it is (a resumed run's too: nothing of it is
+    saved with the student)."""
+    if hf.is_hf(args.pretrained):
+        return hf.load(hf.folder_of(args.pretrained))
+    return model_from_checkpoint(load_teacher(args, "pretrained checkpoint"), args.pretrained)
 
 
 def load_lm_teacher(args, task):

@@ -25,6 +25,7 @@ from after_t2r import window_student
 from support import mt_data
 from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
+from support.distill import DistilledFrom
 from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, finetuning, load_teacher, meta_twin,
@@ -248,6 +249,9 @@ def train_run(args, ddp) -> dict:
         model = new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())
     if args.eval_only:
         return evaluate_finished(task, model, checkpoint)
+    if args.distill_weight:  # KL to the teacher's logits mixed into the finetuning's loss: support/distill.py
+        teacher = model_from_checkpoint(load_translator_teacher(args), args.pretrained)  # read again, as it is
+        task = DistilledFrom(task, teacher, model)
     if args.transfer_steps:  # attention transfer first (after_t2r.py), a stage of its own: support/transfer.py
         task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)

@@ -20,7 +20,7 @@ from support.hf import is_hf
 from support.run_files import nothing_to_resume
 from support.runtime import (UserError, check_fits, decoding_kernels, device_name, explicit_flags, fraction,
                              non_negative_float, non_negative_int, positive_float, positive_int, print_config, seed,
-                             serializable, setup_distributed)
+                             serializable, setup_distributed, unit_interval)
 from t2r import ATTENTION_KINDS, new_tensors
 
 
@@ -64,6 +64,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 (t2r), --max_steps 600, --lr 1e-3")
     g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
+    g.add_argument("--distill_weight", type=unit_interval, default=0.0, help="with --init pretrained: the finetuning's loss is (1 - w) the task's + w KL(teacher || student) of the next token's distribution, the softmax teacher frozen beside the student (support/distill.py; 0: off)")
     g = p.add_argument_group("training")
     r, f = schedules["random"], schedules["pretrained"]
     g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
@@ -181,6 +182,8 @@ def check_conversion_flags(args, parser):
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
     if "transfer_lr" in args.explicit and not args.transfer_steps:
         parser.error("--transfer_lr is the learning rate of the transfer stage: add --transfer_steps")
+    if args.distill_weight and args.init != "pretrained":
+        parser.error("--distill_weight distils the softmax teacher a conversion starts from: add --init pretrained")
     if args.attn == "softmax" and (args.transfer_steps or args.window):
         parser.error(f"--{'transfer_steps' if args.transfer_steps else 'window'} needs linear attention: "
                      f"pass --attn t2r, elu or rfa, not softmax")
@@ -268,13 +271,17 @@ def training_bytes(model, tokens: int, element: int) -> tuple:
     return 16 * params, element * tokens * per_token
 
 
-def check_training_fits(task, make):
+def check_training_fits(task, make, frozen=None):
     """Refuse in one line, before anything is allocated, a run whose model (make() on the meta device: its shapes,
-    no memory) cannot train in the memory free on the device."""
+    no memory) cannot train in the memory free on the device; frozen(): a model run beside it without gradients (the
+    teacher --distill_weight distils: its weights and the logits of a step's tokens)."""
     with torch.device("meta"):
-        model = make()
+        model, beside = make(), frozen() if frozen else None
     element = 2 if task.dtype in (torch.bfloat16, torch.float16) else 4
     weights, activations = training_bytes(model, task.tokens_per_step(), element)
+    if beside is not None:
+        weights += 4 * sum(p.numel() for p in beside.parameters())
+        activations += 2 * 4 * task.tokens_per_step() * beside.config.vocab_size  # its logits, their log-softmax
     fix = f"lower {task.BATCH_FLAGS if activations > weights else MODEL_SIZE_FLAGS}"
     check_fits(weights + activations, task.device, f"training {weights // 16:,} parameters on "
                f"{task.tokens_per_step():,} tokens a step", fix)
@@ -394,7 +401,7 @@ def teacher_run_args(args, schedules: dict, overrides: dict):
     teacher.max_steps, teacher.warmup_steps = round(args.max_steps * steps), round(args.warmup_steps * steps)
     teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
     teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
-    teacher.transfer_steps, teacher.window = 0, 0
+    teacher.transfer_steps, teacher.window, teacher.distill_weight = 0, 0, 0.0
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
     vars(teacher).update(overrides)
     if teacher.resume:
@@ -413,7 +420,8 @@ def ignored_by_checkpoint(args) -> set:
 
 # The flags that shape the conversion, not the softmax teacher: a teacher trained first may differ in them
 CONVERSION_ONLY = {"feature_size", "cross_feature_size", "chunk_size", "window", "keep_softmax_every",
-                   "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr"}
+                   "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr",
+                   "distill_weight"}
 
 
 def check_unfinished_teacher(teacher):
@@ -464,10 +472,13 @@ def check_teacher(checkpoint: dict, args, model_flags: tuple, given_flags: tuple
 
 
 def model_name(args) -> str:
-    """A run's row in the tables: t2r, t2r+pretrain, t2r+transfer+window64+pretrain, t2r+keep4top+pretrain, ..."""
+    """A run's row in the tables: t2r, t2r+pretrain, t2r+transfer+window64+pretrain, t2r+keep4top+pretrain,
+    t2r+distill0.5+pretrain, ..."""
     steps = (["transfer"] if args.transfer_steps else []) + ([f"window{args.window}"] if args.window else [])
     if getattr(args, "keep_softmax_every", 0):  # the layers left softmax (a language model's option)
         steps.append(f"keep{args.keep_softmax_every}" + ("top" if args.keep_softmax_from == "top" else ""))
+    if getattr(args, "distill_weight", 0):  # KL to the teacher's logits (support/distill.py), its weight
+        steps.append(f"distill{args.distill_weight:g}")
     return "+".join([args.attn] + steps + (["pretrain"] if args.init == "pretrained" else []))
 
 
