@@ -13,7 +13,7 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
 
 The prompt is read by the model's prefill, in one parallel pass as a transformer reads it (t2r.py: the chunked form
 of Eq. 4, its state handed to the step; a softmax layer's KV cache filled at once); the time to the first token and
-the decoding speed after it are printed apart. The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
+the decoding speed after it are printed apart. The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/fast_step.py's FlatStep: the same
 logits, its layers without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R
 checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from sru import SRUppLM
 from support import data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
-from support.inference import FlatStep, compile_step, eager_decoder, inference_model
+from support.fast_step import CapturedStep, FlatStep, compile_step, eager_decoder
+from support.inference import inference_model
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
@@ -156,61 +156,7 @@ def traits(model) -> Traits:
 
 
 # -----------------------------------------------------------------------------
-# Thin wrappers around t2r.py's step: torch.compile (support/inference.py), and a CUDA graph
-
-class CapturedStep:
-    """model.step of a language model recorded once per batch size as a CUDA graph, and replayed at every token: one
-    launch per token instead of one per operation. A constant-size state is static memory, so this works only where
-    every self-attention is linear without a window (a KV cache grows; a graph replays fixed shapes at fixed
-    addresses). At most `length` steps per init_state; the logits returned are a copy, valid after the next step."""
-
-    def __init__(self, model, length: int):
-        self.device = next(model.parameters()).device
-        if self.device.type != "cuda":
-            raise ValueError("CUDA graphs need the model on a CUDA device")
-        states = [] if model.config.n_encoder_layer else [layer.self_attn.init_state(1, torch.device("meta"),
-                                                                                     torch.float32) for layer in model.layers]
-        fixed = [all(torch.is_tensor(part) for part in state.values()) for state in states]  # no count of the tokens
-        if not fixed or not all(fixed):  # kept, as a KV cache or a window has
-            raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
-                             "(linear attention without a window); use --step eager")
-        if hasattr(model.embed, "check_end"):  # a learned table (families.py): the graph reads its position on the
-            model.embed.check_end(length)  # device, so it is checked here, for every step
-        self.model, self.length, self.batch_size, self.steps = model, length, None, 0
-
-    def record(self, batch_size: int):
-        """Static inputs, state and outputs; warm-up on a side stream, as torch.cuda.graphs asks; then capture."""
-        self.tokens = torch.zeros(batch_size, dtype=torch.long, device=self.device)
-        self.state = self.model.init_state(batch_size)
-        self.state["pos"] = torch.zeros((), dtype=torch.long, device=self.device)  # a tensor: read on the device
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.model.step(self.tokens, self.state)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits, _ = self.model.step(self.tokens, self.state)
-        self.batch_size = batch_size
-
-    def init_state(self, batch_size: int):
-        if batch_size != self.batch_size:
-            self.record(batch_size)
-        for leaf in tree_flatten(self.state)[0]:  # the warm-up ran steps: start from position 0 again
-            if torch.is_tensor(leaf):
-                leaf.zero_()
-        self.steps = 0
-        return self.state
-
-    def step(self, tokens, state):
-        if self.steps >= self.length:
-            raise ValueError(f"the graph's positions end at {self.length}: make a CapturedStep of a longer length")
-        self.tokens.copy_(tokens)
-        self.graph.replay()
-        self.steps += 1
-        return self.logits.clone(), state
-
+# What runs the step (support/fast_step.py)
 
 def make_decoder(model, args, length: int):
     """What runs the recurrent step (--step, --compile): the model's step unrolled (or its own, where it steps its own

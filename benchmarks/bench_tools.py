@@ -48,7 +48,7 @@ class ProjectionsOnly(nn.Module):
         self.attn.stack_projections(append_one=True)
         return {}
 
-    def step(self, x, state):  # unrolled, as support/inference.py's FlatStep runs t2r.py's step
+    def step(self, x, state):  # unrolled, as support/fast_step.py's FlatStep runs t2r.py's step
         attn = self.attn
         qkv1 = F.linear(x, *attn.stacked).view(x.shape[0], attn.n_head, 1, -1)  # [q | k | v | 1] by head
         v = qkv1[..., -attn.d_head - 1:-1]

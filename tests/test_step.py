@@ -11,11 +11,10 @@ import pytest
 import torch
 
 from conftest import EVENT_TIMEOUT, ROOT, report, tiny_translator
-from generate import CapturedStep
 from support.runtime import decoding_kernels
 from layers.states import state_bytes
 from support.configs import build_model, config_of
-from support.inference import FlatStep, eager_decoder
+from support.fast_step import CapturedStep, FlatStep, eager_decoder
 from t2r import fold
 
 LM_CASES = {

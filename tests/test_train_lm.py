@@ -22,7 +22,7 @@ import torch
 
 import generate
 import t2r
-import support.inference
+import support.fast_step
 import train_lm
 from support import checkpoints, data, runtime, training
 from t2r import Config, TransformerLM, fold
@@ -433,8 +433,8 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch, prefill, step
         calls.append(1)
         return read_state(*args)
     read_state = t2r.read_state  # Eq. 7 of the step generation runs
-    assert support.inference.read_state is read_state
-    monkeypatch.setattr(support.inference, "read_state", counted)
+    assert support.fast_step.read_state is read_state
+    monkeypatch.setattr(support.fast_step, "read_state", counted)
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
                       "5", "--prefill", prefill, cwd=tmp)
     assert result.returncode == 0, result.stderr
