@@ -55,9 +55,10 @@ class FlatStep:
 
     @staticmethod
     def fits(model) -> bool:  # whether model steps as t2r.py's models do (its layers' parts may be others')
+        if not isinstance(model, TransformerBase):  # SRU++ (sru.py) has no layers of t2r.py's to unroll
+            return False
         steps = [(type(model).step, TransformerBase.step), (type(model).step_layers, TransformerBase.step_layers)]
-        return isinstance(model, TransformerBase) and all(a is b for a, b in steps) and all(
-            type(layer).step is Block.step for layer in model.layers)
+        return all(a is b for a, b in steps) and all(type(layer).step is Block.step for layer in model.layers)
 
     def init_state(self, batch_or_src):
         """model.init_state: a batch size, or a translator's source (B, S). It also stacks each attention's W_q, W_k,

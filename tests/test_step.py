@@ -13,6 +13,7 @@ import torch
 from conftest import EVENT_TIMEOUT, ROOT, report, tiny_translator
 from support.runtime import decoding_kernels
 from layers.states import state_bytes
+from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
 from support.fast_step import CapturedStep, FlatStep, eager_decoder
 from t2r import fold
@@ -181,6 +182,14 @@ def test_a_family_model_decodes_with_its_own_step(switches):  # they step their 
     model = tiny_lm(**switches)
     assert eager_decoder(model) is model
     with pytest.raises(ValueError, match="steps its own way"):
+        FlatStep(model)
+
+
+def test_sru_decodes_with_its_own_step():
+    """SRU++ is no t2r.py model: the fast step says so in one line (it raised AttributeError, no step_layers)."""
+    model = SRUppLM(SRUConfig(vocab_size=29, n_layer=2, d_model=16, dropout=0.0)).eval()
+    assert eager_decoder(model) is model
+    with pytest.raises(ValueError, match="SRUppLM steps its own way"):
         FlatStep(model)
 
 
