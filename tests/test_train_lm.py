@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import generate
-import t2r
 import support.fast_step
 import train_lm
 from support import checkpoints, data, runtime, training
@@ -423,7 +422,7 @@ def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(ru
 
 @pytest.mark.parametrize("prefill, steps", [("parallel", 4), ("step", 3 + 4)])
 def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch, prefill, steps):
-    """generate.py decodes with t2r.py's step unrolled, whose Eq. 7 is t2r.py's read_state: one call per layer and
+    """generate.py decodes with the fast step (support/fast_step.py), whose Eq. 7 is its read_state: one call per layer and
     token stepped: every new one but the last, and with --prefill step the prompt's tokens too (a line's end, w1, w2;
     --prefill parallel reads them in one pass, t2r.py's linear_attention_prefill)."""
     tmp, _ = trained
@@ -432,8 +431,7 @@ def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch, prefill, step
     def counted(*args):
         calls.append(1)
         return read_state(*args)
-    read_state = t2r.read_state  # Eq. 7 of the step generation runs
-    assert support.fast_step.read_state is read_state
+    read_state = support.fast_step.read_state  # Eq. 7 of the step generation runs
     monkeypatch.setattr(support.fast_step, "read_state", counted)
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
                       "5", "--prefill", prefill, cwd=tmp)
