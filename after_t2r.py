@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
-from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, add_to_state, convert,
-                 linear_attention_chunked_sums, normalize, prefill_by_steps, softmax_attention)
+from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, convert, linear_attention_chunked_sums,
+                 normalize, prefill_by_steps, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -76,18 +76,19 @@ def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int
 
 def window_attention_step(q, k, fq, v, state, window: int, gate, phi):
     """One recurrent step (q, k, fq, v: (B, H, .)). The state keeps the last W keys and values in a ring
-    buffer and [S | z] of the tokens that have left it: O(W d + k d) per head at every length."""
-    t, slot, Sz = state["length"], state["length"] % window, state["Sz"]
+    buffer and S and z of the tokens that have left it: O(W d + k d) per head at every length."""
+    t, slot, S, z = state["length"], state["length"] % window, state["S"], state["z"]
     if t >= window:  # token t - W leaves the window: Eq. 6 adds it to S and z
-        fk_old = phi(state["k"][:, :, slot, None])[0]  # (B, H, 1, k)
-        add_to_state(fk_old, F.pad(state["v"][:, :, slot, None], (0, 1), value=1.0), Sz)
+        fk_old = phi(state["k"][:, :, slot, None])[0][:, :, 0]  # (B, H, k)
+        S += fk_old[..., :, None] * state["v"][:, :, slot, None, :]  # S_i = S_{i-1} + phi(k_j) v_j^T
+        z += fk_old  # z_i = z_{i-1} + phi(k_j)
     state["k"][:, :, slot], state["v"][:, :, slot] = k, v
     state["length"] = t + 1
     keys, values = state["k"][:, :, : t + 1], state["v"][:, :, : t + 1]  # the window (all W slots once full)
     s = (keys @ q[..., None])[..., 0] / math.sqrt(q.shape[-1])  # (B, H, min(t + 1, W))
     e = gate[:, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
-    both = (fq[:, :, None] @ Sz)[:, :, 0]  # [numerator | denominator] of the tokens before the window
-    return normalize((e[:, :, None] @ values)[:, :, 0] + both[..., :-1], e.sum(-1) + both[..., -1])
+    before = (fq[:, :, None] @ S)[:, :, 0], (fq * z).sum(-1)  # Eq. 7's sums of the tokens before the window
+    return normalize((e[:, :, None] @ values)[:, :, 0] + before[0], e.sum(-1) + before[1])
 
 
 class WindowAttention(LinearAttention):
@@ -117,20 +118,20 @@ class WindowAttention(LinearAttention):
     def new_tensors(self) -> list:  # the gates are new too
         return super().new_tensors() + ["window_gate"]
 
-    # Recurrent form: [S | z] as T2R's, and the last W keys and values in a ring buffer
+    # Recurrent form: S and z as T2R's, and the last W keys and values in a ring buffer
     def init_state(self, batch_size: int, device, dtype):
         state = super().init_state(batch_size, device, dtype)
-        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=state["Sz"].dtype)
+        ring = torch.zeros(batch_size, self.n_head, self.window, self.d_head, device=device, dtype=state["S"].dtype)
         return {**state, "k": ring, "v": ring.clone(), "length": 0}
 
     def step(self, x, state, **position):  # x (B, h) -> (B, h)
-        q, k, v1 = self.project_step(x, True, **position)
+        q, k, v = self.project(x[:, None], x[:, None], **position)  # (B, H, 1, .)
         (fq,) = self.feature_map(q)
         phi = lambda key: widened(*self.feature_map(key.to(self.v_proj.weight.dtype)))  # a key leaving the window
         with full_precision(x.device):
-            q, k, fq, v = widened(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v1[:, :, 0, :-1])
+            q, k, fq, v = widened(q[:, :, 0], k[:, :, 0], fq[:, :, 0], v[:, :, 0])
             out = window_attention_step(q, k, fq, v, state, self.window, self.window_gate.to(q.dtype).exp(), phi)
-        return self.merge_step(out.to(x.dtype))
+        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
 
 
 class GroupedWindowAttention(GroupedAttention, WindowAttention):

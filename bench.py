@@ -38,7 +38,7 @@ from layers.states import state_bytes
 from support.checkpoints import load_checkpoint
 from support.configs import config_of, is_sru
 from support.fla_kernel import fla_available
-from support.inference import eager_decoder
+from support.fast_step import eager_decoder
 from support.runtime import UserError, decoding_kernels, run_main
 from t2r import Config, prefill_by_steps
 from translate import decode_speed, load_run

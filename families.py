@@ -19,12 +19,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.embedding import Embedding
-from layers.projections import stacked_by_head
 from layers.states import append_to_cache, full_precision, state_dtype, widened
+from support.fast_step import add_to_state, read_state, stacked_by_head  # the grouped step's: fused (below)
 from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, add_to_state, causal_after, linear_attention_chunked_sums,
-                 linear_attention_noncausal, normalize, prefill_piece, read_state, softmax_attention,
-                 source_state)
+                 TransformerBase, TransformerLM, causal_after, linear_attention_chunked_sums, linear_attention_noncausal,
+                 normalize, prefill_piece, softmax_attention, source_state)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),
@@ -189,7 +188,9 @@ class FamilyEmbedding(Embedding):
 
 
 # -----------------------------------------------------------------------------
-# Grouped-query attention (Ainslie et al., 2023) with the checkpoints' biases and rotary positions
+# Grouped-query attention (Ainslie et al., 2023) with the checkpoints' biases and rotary positions. Its recurrent
+# step is its own, fused (support/fast_step.py's pieces): [S | z] of n heads, q, k, v from one stacked product, and
+# the G query heads of a key/value head reading its state at once.
 
 def bias_of(linear: nn.Linear):  # its bias, or zeros where it has none (a Llama's)
     return linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
@@ -232,6 +233,9 @@ class GroupedAttention(Attention):
         if rotation is not None:
             q, k = rotate(q, *rotation), rotate(k, *rotation)
         return q, k, v
+
+    def merge_step(self, out):  # (B, n, G, d) -> (B, h)
+        return self.out_proj(out.flatten(1))
 
 
 class GroupedSoftmaxAttention(GroupedAttention, SoftmaxAttention):

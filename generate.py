@@ -10,12 +10,15 @@ Sample from a language-model checkpoint with the recurrent form: constant memory
     python generate.py --compile --num_tokens 2000           # the recurrent step through torch.compile
     python generate.py --ckpt out/ptb-t2r-gpt2/model.pt      # GPT-2 converted (support/hf.py): at most 1024 positions
     python generate.py --prefill step                        # read the prompt a step a token, to compare
+    python generate.py --step model                          # t2r.py's step as the paper writes it, to compare
 
 The prompt is read by the model's prefill, in one parallel pass as a transformer reads it (t2r.py: the chunked form
 of Eq. 4, its state handed to the step; a softmax layer's KV cache filled at once); the time to the first token and
-the decoding speed after it are printed apart. The recurrent step is t2r.py's own (`model.step`, Eqs. 5-7), run unrolled (support/inference.py's FlatStep: the same
-logits, its layers without module calls); on CUDA it is recorded once as a CUDA graph and replayed at every token. T2R
-checkpoints are folded first (Eq. 8): the feature map is merged into W_q and W_k.
+the decoding speed after it are printed apart. The recurrent step is t2r.py's (`model.step`, Eqs. 6-7 on S and z;
+--step model runs it as written), run fast by default (support/fast_step.py's FlatStep: its layers without module
+calls, S and z fused as [S | z]; the same logits within rounding); on CUDA it is recorded once as a CUDA graph and
+replayed at every token. Models that step their own way (families.py's, the window hybrid's, SRU++) run their own step,
+and the first line printed says so. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q, W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
 values of their attention layers.
 """
@@ -25,17 +28,17 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from sru import SRUppLM
 from support import data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
-from support.inference import FlatStep, compile_step, eager_decoder, inference_model
+from support.fast_step import CapturedStep, FlatStep, compile_step, eager_decoder
+from support.inference import inference_model
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
-from t2r import PREFILL_CHUNK, is_folded, prefill_by_steps
+from t2r import PREFILL_CHUNK, TransformerBase, is_folded, prefill_by_steps
 
 
 # -----------------------------------------------------------------------------
@@ -155,71 +158,20 @@ def traits(model) -> Traits:
 
 
 # -----------------------------------------------------------------------------
-# Thin wrappers around t2r.py's step: torch.compile (support/inference.py), and a CUDA graph
-
-class CapturedStep:
-    """model.step of a language model recorded once per batch size as a CUDA graph, and replayed at every token: one
-    launch per token instead of one per operation. A constant-size state is static memory, so this works only where
-    every self-attention is linear without a window (a KV cache grows; a graph replays fixed shapes at fixed
-    addresses). At most `length` steps per init_state; the logits returned are a copy, valid after the next step."""
-
-    def __init__(self, model, length: int):
-        self.device = next(model.parameters()).device
-        if self.device.type != "cuda":
-            raise ValueError("CUDA graphs need the model on a CUDA device")
-        states = [] if model.config.n_encoder_layer else [layer.self_attn.init_state(1, torch.device("meta"),
-                                                                                     torch.float32) for layer in model.layers]
-        fixed = [all(torch.is_tensor(part) for part in state.values()) for state in states]  # no count of the tokens
-        if not fixed or not all(fixed):  # kept, as a KV cache or a window has
-            raise ValueError("CUDA graphs need a language model whose every self-attention has a constant-size state "
-                             "(linear attention without a window); use --step eager")
-        if hasattr(model.embed, "check_end"):  # a learned table (families.py): the graph reads its position on the
-            model.embed.check_end(length)  # device, so it is checked here, for every step
-        self.model, self.length, self.batch_size, self.steps = model, length, None, 0
-
-    def record(self, batch_size: int):
-        """Static inputs, state and outputs; warm-up on a side stream, as torch.cuda.graphs asks; then capture."""
-        self.tokens = torch.zeros(batch_size, dtype=torch.long, device=self.device)
-        self.state = self.model.init_state(batch_size)
-        self.state["pos"] = torch.zeros((), dtype=torch.long, device=self.device)  # a tensor: read on the device
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.model.step(self.tokens, self.state)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits, _ = self.model.step(self.tokens, self.state)
-        self.batch_size = batch_size
-
-    def init_state(self, batch_size: int):
-        if batch_size != self.batch_size:
-            self.record(batch_size)
-        for leaf in tree_flatten(self.state)[0]:  # the warm-up ran steps: start from position 0 again
-            if torch.is_tensor(leaf):
-                leaf.zero_()
-        self.steps = 0
-        return self.state
-
-    def step(self, tokens, state):
-        if self.steps >= self.length:
-            raise ValueError(f"the graph's positions end at {self.length}: make a CapturedStep of a longer length")
-        self.tokens.copy_(tokens)
-        self.graph.replay()
-        self.steps += 1
-        return self.logits.clone(), state
-
+# What runs the step (support/fast_step.py)
 
 def make_decoder(model, args, length: int):
-    """What runs the recurrent step (--step, --compile): the model's step unrolled (or its own, where it steps its own
-    way), compiled, or recorded as a CUDA graph of `length` steps. SRU++ runs its own step, eager."""
+    """What runs the recurrent step (--step, --compile): the model's step as written (--step model), compiled, the
+    fast step (FlatStep, or the model's own where it steps its own way), or that recorded as a CUDA graph of `length`
+    steps. SRU++ runs its own step, eager."""
     if traits(model).own_step:
         if args.step == "graph" or args.compile:
             raise UserError(f"{type(model).__name__} steps with its own step only: use --step eager, without --compile")
         return model
     if args.compile:
         return compile_step(model)
+    if args.step == "model":
+        return model
     if args.step == "eager":
         return eager_decoder(model)
     try:
@@ -247,10 +199,12 @@ def get_args(argv=None):
     p.add_argument("--seed", type=seed, default=1337, help="seed of the sampling generator")
     p.add_argument("--mode", default="recurrent", choices=["recurrent", "recompute"],
                    help="recurrent: one step per token with a state (RNN or KV cache); recompute: whole prefix each time")
-    p.add_argument("--step", default="auto", choices=["auto", "eager", "graph"],
-                   help="how the recurrent step runs: eager, or graph (recorded once as a CUDA graph and "
-                   "replayed; CUDA only); auto: graph where it can run, else eager")
-    p.add_argument("--compile", action="store_true", help="torch.compile the recurrent step (--step eager or auto)")
+    p.add_argument("--step", default="auto", choices=["auto", "model", "eager", "graph"],
+                   help="how the recurrent step runs: model, t2r.py's step as written (model.step, S and z apart); "
+                   "eager, the fast step (support/fast_step.py: unrolled, [S | z] fused) where the model fits it, else "
+                   "its own; graph, the eager step recorded once as a CUDA graph and replayed (CUDA only); auto: graph "
+                   "where it can run, else eager")
+    p.add_argument("--compile", action="store_true", help="torch.compile t2r.py's step (--step model, eager or auto)")
     p.add_argument("--prefill", default="parallel", choices=["parallel", "step"],
                    help="how the prompt is read into the state: parallel, in one pass as a transformer reads it (the "
                    "model's prefill); step, a step a token (t2r.py's reference, to compare)")
@@ -266,7 +220,7 @@ def get_args(argv=None):
     except UnicodeEncodeError:  # bytes that are not UTF-8 reach argv as lone surrogates
         p.error("--prompt is not UTF-8 text: pass it in UTF-8 (e.g. convert with iconv -t utf-8)")
     if args.compile and args.step == "graph":
-        p.error("--compile compiles the eager step: it cannot go with --step graph")
+        p.error("--compile compiles t2r.py's step: it cannot go with --step graph")
     if args.mode == "recompute" and (args.step != "auto" or args.compile):
         p.error("--step and --compile choose the recurrent step: they need --mode recurrent")
     if args.mode == "recompute" and args.prefill != "parallel":
@@ -382,13 +336,19 @@ def text_of(lm, ids) -> str:
 
 
 def first_line(model, decoder, args) -> str:
-    """What generates, in which --mode, and (recurrent) the state it keeps and what runs its step."""
+    """What generates, in which --mode, and (recurrent) the state it keeps and what runs its step: t2r.py's as written,
+    compiled, the fast one, or a model's own (one that steps its own way: families.py's, the window's, SRU++'s)."""
     t = traits(model)
     if args.mode == "recompute":
         return f"{args.ckpt}: {t.what}, mode recompute"
-    own = f"{type(model).__module__}.py's step"  # t2r.py's, or sru.py's
-    step = (f"CUDA graph of {own}" if isinstance(decoder, CapturedStep) else f"{own}, compiled" if args.compile else
-            f"{own}, unrolled" if isinstance(decoder, FlatStep) else own)
+    recorded = isinstance(decoder, CapturedStep)
+    if isinstance(decoder.decoder if recorded else decoder, FlatStep):
+        step = "the fast step (support/fast_step.py's FlatStep: t2r.py's step unrolled, [S | z] fused)"
+    elif type(model).step is TransformerBase.step:
+        step = "t2r.py's step as written (model.step, S and z apart)"
+    else:
+        step = f"{type(model).__module__}.py's own step (it steps its own way: the fast step is t2r.py's models')"
+    step = f"CUDA graph of {step}" if recorded else f"{step}, compiled" if args.compile else step
     prefill = ("prompt read in one parallel pass" if args.prefill == "parallel" and t.parallel_prefill else
                "prompt read a step a token" + ("" if args.prefill == "step" else " (its parallel prefill is not "
                                                                                    "written yet)"))

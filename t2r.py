@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from layers.adaptive import AdaptiveSoftmax, check_bands
 from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
-from layers.projections import stacked_by_head  # the step's q, k, v in one product
 from layers.states import append_to_cache, full_precision, state_dtype, widened  # a KV cache's growth; float32
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
@@ -218,28 +217,18 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
     return numerator.view(B, H, n * C, d)[:, :, :T], denominator.view(B, H, n * C)[:, :, :T]
 
 
-# The step as generation runs it: the same Eqs. 6-7 on S and z side by side, Sz = [S | z] (B, H, k, d + 1) with
-# v1 = [v | 1], because at batch 1 each operation costs more than its arithmetic: one multiply-add and one product.
-
-def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
-    Sz.addcmul_(fk.transpose(-1, -2), v1)  # Eq. 6, as one: [S | z] += phi(k_i)^T [v_i | 1]
-
-
-def read_state(fq, Sz):  # fq (B, H, Q, k): Q queries read each head's state -> (B, H, Q, d)
-    both = fq @ Sz  # phi(q)^T [S | z] = [numerator | denominator]
-    return normalize(both[..., :-1], both[..., -1])  # Eq. 7
-
-
 # Prefill: a prompt's T positions in one parallel pass, from the state before them and into it, as a transformer reads
 # a prompt. Eq. 4's causal sums over the prompt's own pairs (chunked) plus what the state before it adds (Eq. 7, every
 # query at once); then the state moves on by the prompt's Eq. 5 sums. T steps of Eqs. 6-7 give the same (tests).
 
-def linear_attention_prefill(fq, fk, v, Sz, chunk_size: int):  # fq, fk (B, H, T, k), v (B, H, T, d) -> (B, H, T, d)
+def linear_attention_prefill(fq, fk, v, S, z, chunk_size: int):  # fq, fk (B, H, T, k), v (B, H, T, d) -> (B, H, T, d)
     numerator, denominator = linear_attention_chunked_sums(fq, fk, v, chunk_size)  # Eq. 4 within the prompt
-    before = fq @ Sz  # phi(q_i)^T [S_0 | z_0]: the positions before the prompt (Eq. 7)
-    S, z = source_state(fk, v)  # Eq. 5 over the prompt: S_T = S_0 + sum_j phi(k_j) v_j^T, z_T = z_0 + sum_j phi(k_j)
-    Sz += torch.cat([S, z[..., None]], -1)  # in place, as a step's
-    return normalize(numerator + before[..., :-1], denominator + before[..., -1])
+    numerator = numerator + fq @ S  # phi(q_i)^T S_0: the positions before the prompt (Eq. 7)
+    denominator = denominator + (fq * z[:, :, None, :]).sum(-1)  # phi(q_i)^T z_0
+    S_prompt, z_prompt = source_state(fk, v)  # Eq. 5 over the prompt
+    S += S_prompt  # in place, as a step's: S_T = S_0 + sum_j phi(k_j) v_j^T
+    z += z_prompt  # z_T = z_0 + sum_j phi(k_j)
+    return normalize(numerator, denominator)
 
 
 def prefill_piece(config, length: int, chunk: int) -> int:
@@ -273,20 +262,6 @@ class Attention(nn.Module):
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
-    def stack_projections(self, append_one: bool):  # for the recurrent form; again at init_state and after fold
-        self.stacked_from = (self.q_proj, self.k_proj, self.v_proj)
-        self.stacked = stacked_by_head(self.stacked_from, self.n_head, append_one)  # one product a step
-
-    def project_step(self, x, append_one: bool):  # (B, h) -> q, k (B, H, 1, w), v (B, H, 1, d (+ 1))
-        if getattr(self, "stacked_from", None) != (self.q_proj, self.k_proj, self.v_proj):
-            self.stack_projections(append_one)
-        qkv = F.linear(x, *self.stacked).view(x.shape[0], self.n_head, 1, -1)  # [q | k | v (| 1)] by head
-        w = self.q_proj.out_features // self.n_head  # d, or k once `fold` merged W_phi into W_q, W_k
-        return qkv.split([w, w, qkv.shape[-1] - 2 * w], -1)
-
-    def merge_step(self, out):  # (B, H, 1, d) -> (B, h)
-        return self.out_proj(out.flatten(1))
-
 
 class SoftmaxAttention(Attention):
     """exp(q.k / sqrt(d)) attention (Eq. 2): the pretrained teacher."""
@@ -297,13 +272,12 @@ class SoftmaxAttention(Attention):
 
     # Recurrent form: a key/value cache that grows with t (append_to_cache).
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=False)
         empty = torch.zeros(batch_size, self.n_head, 0, self.d_head, device=device, dtype=dtype)
         return {"k": empty, "v": empty.clone(), "length": 0}
 
-    def step(self, x, state):  # x (B, h) -> (B, h)
-        q, k, v = self.project_step(x, False)
-        return self.merge_step(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))
+    def step(self, x, state):  # x (B, h), one position -> (B, h)
+        q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, d)
+        return self.merge(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))[:, 0]
 
     def prefill(self, x, state):  # x (B, T, h): the prompt's keys and values join the cache at once -> (B, T, h)
         q, k, v = self.project(x, x)
@@ -315,9 +289,8 @@ class SoftmaxAttention(Attention):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
-    def step_cross(self, x, state):
-        q = self.q_proj(x).view(x.shape[0], self.n_head, 1, -1)
-        return self.merge_step(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
+    def step_cross(self, x, state):  # x (B, h) -> (B, h)
+        return self.prefill_cross(x[:, None], state)[:, 0]
 
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's keys and values
         q = self.heads(self.q_proj(x))
@@ -366,44 +339,43 @@ class LinearAttention(Attention):
             return linear_attention_chunked(fq, fk, v, self.chunk_size)
         return linear_attention_quadratic(fq, fk, v, causal=True)
 
-    # Recurrent form: S (k x d) and z (k) per head side by side, [S | z], the same size at every position.
+    # Recurrent form: S (k x d) and z (k) per head, the same size at every position, in float32 at least (the model's
+    # precision is widened at the state, as in `attend`). The step is the one above (support/fast_step.py runs it fast).
     def init_state(self, batch_size: int, device, dtype):
-        self.stack_projections(append_one=True)
-        return {"Sz": torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head + 1, device=device,
-                                  dtype=state_dtype(dtype))}  # (B, H, k, d + 1)
+        S = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head, device=device,
+                        dtype=state_dtype(dtype))  # (B, H, k, d)
+        return {"S": S, "z": S.new_zeros(S.shape[:-1])}  # z (B, H, k)
 
-    def step(self, x, state):  # x (B, h) -> (B, h)
-        q, k, v1 = self.project_step(x, True)  # v1 = [v | 1]
-        (fq, fk), Sz = self.feature_map(q, k), state["Sz"]  # the state in float32 at least
+    def step(self, x, state):  # x (B, h), one position -> (B, h)
+        q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, w)
+        (fq, fk), S, z = self.feature_map(q, k), state["S"], state["z"]
         with full_precision(x.device):
-            add_to_state(fk.to(Sz.dtype), v1.to(Sz.dtype), Sz)  # Eq. 6
-            out = read_state(fq.to(Sz.dtype), Sz)  # Eq. 7
-        return self.merge_step(out.to(x.dtype))
+            fq, fk, v = (t[:, :, 0].to(S.dtype) for t in (fq, fk, v))  # (B, H, k), (B, H, k), (B, H, d)
+            out = linear_attention_step(fq, fk, v, S, z)  # Eqs. 6-7, S and z in place
+        return self.merge(out[:, :, None].to(x.dtype))[:, 0]
 
     def prefill(self, x, state):  # x (B, T, h): the prompt, after the state's positions -> (B, T, h)
         q, k, v = self.project(x, x)
-        (fq, fk), Sz = self.feature_map(q, k), state["Sz"]
+        (fq, fk), S, z = self.feature_map(q, k), state["S"], state["z"]
         with full_precision(x.device):
-            fq, fk, v = (t.to(Sz.dtype) for t in (fq, fk, v))
-            out = linear_attention_prefill(fq, fk, v, Sz, self.chunk_size or x.shape[1])  # Eqs. 4-5, 7
+            fq, fk, v = (t.to(S.dtype) for t in (fq, fk, v))
+            out = linear_attention_prefill(fq, fk, v, S, z, self.chunk_size or x.shape[1])  # Eqs. 4-5, 7
         return self.merge(out.to(x.dtype))
 
-    def init_cross_state(self, source, key_mask):  # [S | z] of the whole (masked) source, once per sentence
+    def init_cross_state(self, source, key_mask):  # S and z of the whole (masked) source, once per sentence
         (fk,) = self.feature_map(self.heads(self.k_proj(source)))
         with full_precision(source.device):
             S, z = source_state(*widened(fk, self.heads(self.v_proj(source))), key_mask)
-        return {"Sz": torch.cat([S, z[..., None]], -1)}  # (B, H, k, d + 1)
+        return {"S": S, "z": z}  # (B, H, k, d), (B, H, k)
 
-    def step_cross(self, x, state):
-        (fq,) = self.feature_map(self.q_proj(x).view(x.shape[0], self.n_head, 1, -1))
-        with full_precision(x.device):
-            out = read_state(*widened(fq), state["Sz"])  # Eq. 7
-        return self.merge_step(out.to(x.dtype))
+    def step_cross(self, x, state):  # x (B, h) -> (B, h)
+        return self.prefill_cross(x[:, None], state)[:, 0]
 
-    def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's [S | z]
+    def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's S and z
         (fq,) = self.feature_map(self.heads(self.q_proj(x)))
         with full_precision(x.device):
-            out = read_state(*widened(fq), state["Sz"])  # Eq. 7
+            (fq,) = widened(fq)
+            out = normalize(fq @ state["S"], (fq * state["z"][:, :, None, :]).sum(-1))  # Eq. 7, every query at once
         return self.merge(out.to(x.dtype))
 
     def fold(self):  # Eq. 8, below

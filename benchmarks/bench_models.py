@@ -8,9 +8,8 @@ import torch.nn as nn
 
 from after_t2r import WindowAttention
 from benchmarks.bench_tools import NoAttention, ProjectionsOnly, replace_self_attention
-from generate import CapturedStep
 from support.checkpoints import load_checkpoint
-from support.inference import compile_step, eager_decoder
+from support.fast_step import CapturedStep, compile_step, eager_decoder
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
 from support.fla_kernel import FlaLinearAttention, fla_available
@@ -18,7 +17,7 @@ from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, f
 
 
 # The language models: name -> (attention, feature size k, folded with Eq. 8, what it is). All run t2r.py's step
-# (SRU++ and the window its own) as generate.py does: unrolled (support/inference.py's FlatStep), but *_graph (a CUDA
+# (SRU++ and the window its own) as generate.py does: unrolled (support/fast_step.py's FlatStep), but *_graph (a CUDA
 # graph, CUDA only) and *_compiled (torch.compile; not with --quick).
 LM_MODELS = {
     "softmax_kv": ("softmax", 32, False, "softmax with its KV cache (preallocated, doubled when full)"),

@@ -19,7 +19,7 @@ CSV_COLUMNS = ["section", "model", "batch", "length", "metric", "value", "unit",
 HOW_IT_MEASURES = """## How it measures
 
 - **Generation** is greedy under `torch.no_grad`, one token per step, as in generate.py: t2r.py's step unrolled
-  (support/inference.py's FlatStep), but the `_graph` and `_compiled` rows (the step recorded or compiled), the
+  (support/fast_step.py's FlatStep), but the `_graph` and `_compiled` rows (the step recorded or compiled), the
   window and SRU++ (their own steps) and `softmax_recompute`. Weights are random (`--seed`) unless `--ckpt` gives
   them: they change the tokens picked, not the time.
 - **Time.** A warmup, then CUDA events (read after one synchronize) or `time.perf_counter` around every step.

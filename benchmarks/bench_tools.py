@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from support.fast_step import stacked_by_head
 from translate import synchronize
 
 
@@ -45,12 +46,13 @@ class ProjectionsOnly(nn.Module):
         self.attn = attn
 
     def init_state(self, batch_size, device, dtype):
-        self.attn.stack_projections(append_one=True)
+        attn = self.attn
+        self.stacked = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), attn.n_head, append_one=True)
         return {}
 
-    def step(self, x, state):  # unrolled, as support/inference.py's FlatStep runs t2r.py's step
+    def step(self, x, state):  # unrolled, as support/fast_step.py's FlatStep runs t2r.py's step
         attn = self.attn
-        qkv1 = F.linear(x, *attn.stacked).view(x.shape[0], attn.n_head, 1, -1)  # [q | k | v | 1] by head
+        qkv1 = F.linear(x, *self.stacked).view(x.shape[0], attn.n_head, 1, -1)  # [q | k | v | 1] by head
         v = qkv1[..., -attn.d_head - 1:-1]
         return F.linear(v.flatten(1), attn.out_proj.weight, attn.out_proj.bias)  # W_o v
 

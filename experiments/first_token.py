@@ -29,7 +29,8 @@ import torch
 from benchmarks.bench_models import transformers_twin
 from experiments.records import machine
 from support import hf
-from support.inference import eager_decoder, inference_model
+from support.fast_step import eager_decoder
+from support.inference import inference_model
 from support.runtime import Parser, UserError, increasing_ints, positive_int, run_main
 from t2r import PREFILL_CHUNK, convert
 

@@ -46,8 +46,15 @@ def append_to_cache(state, k, v):
 
 
 def state_bytes(state) -> int:
-    """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity)."""
+    """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity); a view of another of
+    its tensors holds none of its own (support/fast_step.py's S and z, views of its [S | z])."""
+    tensors = list(tensors_of(state))
+    held = {id(t) for t in tensors}
+    return sum(t.numel() * t.element_size() for t in tensors if t._base is None or id(t._base) not in held)
+
+
+def tensors_of(state):
     if torch.is_tensor(state):
-        return state.numel() * state.element_size()
-    parts = state.values() if isinstance(state, dict) else state if isinstance(state, list) else []
-    return sum(state_bytes(part) for part in parts)
+        yield state
+    for part in state.values() if isinstance(state, dict) else state if isinstance(state, list) else []:
+        yield from tensors_of(part)

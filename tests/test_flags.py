@@ -83,7 +83,7 @@ GET_ARGS = {"train_lm.py": train_lm.get_args, "train_mt.py": train_mt.get_args, 
     ("generate.py", "--num_tokens 0", "--num_tokens: 0 is not a positive integer"),
     ("generate.py", "--prompt caf\udce9", "--prompt is not UTF-8 text"),  # b"caf\xe9" in argv, as Python decodes it
     # generate.py: the step
-    ("generate.py", "--step graph --compile", "--compile compiles the eager step"),
+    ("generate.py", "--step graph --compile", "--compile compiles t2r.py's step"),
     ("generate.py", "--mode recompute --step eager", "they need --mode recurrent"),
 ])
 def test_bad_flags_are_refused_before_any_work(capsys, script, flags, message):

@@ -179,6 +179,7 @@ def test_generate_checks_a_converted_llama_recurrent_against_parallel(finetuned_
     # rotary: nothing folds; a KV cache of 2 key/value heads of 8: 2 layers x (k, v) x 16 floats x 47 tokens (a line's
     # end, the prompt's 6, 40 new) x 4 B
     assert "folded, Eq. 8" not in gen.stdout and "a KV cache of that length holds 11.8 KiB" in gen.stdout
+    assert "mode recurrent with a recurrent state (RNN), families.py's own step (it steps its own way" in gen.stdout
 
 
 def test_a_run_of_earlier_code_generates_from_its_token_cache(finetuned_llama, tmp_path):

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import generate
+import support.fast_step
 import t2r
-import support.inference
 import train_lm
 from support import checkpoints, data, runtime, training
 from t2r import Config, TransformerLM, fold
@@ -421,25 +421,30 @@ def test_a_bpe_language_model_reports_word_level_perplexity_from_the_same_nll(ru
     assert math.log(test["word_ppl"]) * words == pytest.approx(nll, rel=1e-6)  # ppl: exp in float32; a word off: 2e-3
 
 
+@pytest.mark.parametrize("step, first_line", [("auto", "the fast step (support/fast_step.py's FlatStep"),
+                                              ("model", "t2r.py's step as written (model.step, S and z apart)")])
 @pytest.mark.parametrize("prefill, steps", [("parallel", 4), ("step", 3 + 4)])
-def test_generate_runs_t2r_py_step(run_here, trained, monkeypatch, prefill, steps):
-    """generate.py decodes with t2r.py's step unrolled, whose Eq. 7 is t2r.py's read_state: one call per layer and
-    token stepped: every new one but the last, and with --prefill step the prompt's tokens too (a line's end, w1, w2;
-    --prefill parallel reads them in one pass, t2r.py's linear_attention_prefill)."""
+def test_generate_runs_the_step_it_names(run_here, trained, monkeypatch, prefill, steps, step, first_line):
+    """generate.py decodes with the fast step (support/fast_step.py, Eq. 7 its read_state) by default, with t2r.py's
+    as written (linear_attention_step) under --step model, and says which: one call per layer and token stepped of the
+    one, none of the other; every new token but the last is stepped, and with --prefill step the prompt's tokens too (a
+    line's end, w1, w2; --prefill parallel reads them in one pass, t2r.py's linear_attention_prefill)."""
     tmp, _ = trained
-    calls = []
+    calls = {"fast": 0, "model": 0}
 
-    def counted(*args):
-        calls.append(1)
-        return read_state(*args)
-    read_state = t2r.read_state  # Eq. 7 of the step generation runs
-    assert support.inference.read_state is read_state
-    monkeypatch.setattr(support.inference, "read_state", counted)
+    def counting(name, function):
+        def counted(*args):
+            calls[name] += 1
+            return function(*args)
+        return counted
+    monkeypatch.setattr(support.fast_step, "read_state", counting("fast", support.fast_step.read_state))
+    monkeypatch.setattr(t2r, "linear_attention_step", counting("model", t2r.linear_attention_step))
     result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2", "--num_tokens",
-                      "5", "--prefill", prefill, cwd=tmp)
+                      "5", "--prefill", prefill, "--step", step, cwd=tmp)
     assert result.returncode == 0, result.stderr
-    assert "t2r.py's step, unrolled" in result.stdout
-    assert len(calls) == 2 * steps  # 2 layers
+    assert first_line in result.stdout
+    ran = "model" if step == "model" else "fast"
+    assert calls == {ran: 2 * steps, ("fast" if ran == "model" else "model"): 0}  # 2 layers
 
 
 # -----------------------------------------------------------------------------

@@ -77,7 +77,7 @@ def test_step_equals_the_quadratic_form(window):
     fq, fk = phi(q, k)
     ref = after_t2r.window_attention_quadratic(q, k, fq, fk, v, window, gate)
     B, H, _, d = v.shape
-    state = {"Sz": torch.zeros(B, H, 5, d + 1, dtype=torch.float64),  # [S | z]
+    state = {"S": torch.zeros(B, H, 5, d, dtype=torch.float64), "z": torch.zeros(B, H, 5, dtype=torch.float64),
              "k": torch.zeros(B, H, window, d, dtype=torch.float64),
              "v": torch.zeros(B, H, window, d, dtype=torch.float64), "length": 0}
     steps = [after_t2r.window_attention_step(q[:, :, i], k[:, :, i], fq[:, :, i], v[:, :, i], state, window, gate, phi)
