@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
 from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, convert, linear_attention_chunked_sums,
-                 normalize, prefill_by_steps, softmax_attention)
+                 normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -53,13 +53,18 @@ def window_attention_quadratic(q, k, fq, fk, v, window: int, gate):
 def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int):
     """The same with memory linear in T: each chunk of C queries against the C + W - 1 keys that can be in
     their windows, and the linear part as causal linear attention on keys and values W positions late."""
+    return normalize(*window_attention_chunked_sums(q, k, fq, fk, v, window, gate, chunk_size))
+
+
+def window_attention_chunked_sums(q, k, fq, fk, v, window: int, gate, chunk_size: int):
+    """The numerator (B, H, T, d) and denominator (B, H, T) of window_attention_chunked, not yet divided."""
     B, H, T, d = v.shape
     C, W = chunk_size, window
     # sum_{j<=i-W} phi(q_i).phi(k_j) v_j: key j counts from query j + W on
     late = (F.pad(t, (0, 0, W, 0))[:, :, :T] for t in (fk, v))
     numerator, denominator = linear_attention_chunked_sums(fq, *late, C)
     if W == 0:
-        return normalize(numerator, denominator)
+        return numerator, denominator
     pad = -T % C
     n = (T + pad) // C
     qc = F.pad(q, (0, 0, 0, pad)).view(B, H, n, C, d)  # (B, H, n, C, d)
@@ -71,6 +76,29 @@ def window_attention_chunked(q, k, fq, fk, v, window: int, gate, chunk_size: int
     e = gate[:, None, None, None] * torch.exp(s - s.amax(-1, keepdim=True))  # g exp(s_ij - m_i)
     numerator = numerator + (e @ vc).view(B, H, n * C, d)[:, :, :T]
     denominator = denominator + e.sum(-1).view(B, H, n * C)[:, :, :T]
+    return numerator, denominator
+
+
+def window_attention_prefill(q, k, fq, phi, v, state, window: int, gate, chunk_size: int):
+    """T positions after the state's t in one pass (q, k, fq, v: (B, H, T, .)), the state moved past them. The
+    chunked form over the window's keys before them (the ring, oldest first) and the prompt's, the queries the
+    prompt's; the tokens that left the window before it add Eq. 7's sums of S and z to every query; the keys that
+    leave it during the prompt join S and z (Eq. 5), the last W join the ring."""
+    t, T, W, S, z = state["length"], q.shape[2], window, state["S"], state["z"]
+    held = min(t, W)  # the window's keys before the prompt: positions t - held .. t - 1, in slots p % W
+    slots = torch.arange(t - held, t, device=q.device) % W
+    keys, values = (torch.cat([state[name][:, :, slots], new], 2) for name, new in (("k", k), ("v", v)))
+    fk = phi(keys)  # (B, H, held + T, k)
+    queries, fqs = (F.pad(x, (0, 0, held, 0)) for x in (q, fq))  # the ring's positions ask nothing: dropped below
+    numerator, denominator = window_attention_chunked_sums(queries, keys, fqs, fk, values, W, gate, chunk_size)
+    numerator = numerator[:, :, held:] + fq @ S  # Eq. 7's sums of the tokens before the window, to every query
+    denominator = denominator[:, :, held:] + (fq * z[:, :, None]).sum(-1)
+    leaving = max(0, held + T - W)  # keys of positions t - held .. t + T - W - 1 leave the window: into S and z
+    S += fk[:, :, :leaving].transpose(-1, -2) @ values[:, :, :leaving]
+    z += fk[:, :, :leaving].sum(-2)
+    kept = torch.arange(t + T - min(W, t + T), t + T, device=q.device)  # the last W positions: the new ring
+    state["k"][:, :, kept % W], state["v"][:, :, kept % W] = (x[:, :, kept - (t - held)] for x in (keys, values))
+    state["length"] = t + T
     return normalize(numerator, denominator)
 
 
@@ -133,6 +161,16 @@ class WindowAttention(LinearAttention):
             out = window_attention_step(q, k, fq, v, state, self.window, self.window_gate.to(q.dtype).exp(), phi)
         return self.merge(out[:, :, None].to(x.dtype))[:, 0]
 
+    def prefill(self, x, state, **position):  # x (B, T, h): the prompt after the state's positions -> (B, T, h)
+        q, k, v = self.project(x, x, **position)
+        (fq,) = self.feature_map(q)
+        phi = lambda keys: widened(*self.feature_map(keys.to(self.v_proj.weight.dtype)))[0]  # as the step's
+        with full_precision(x.device):
+            q, k, fq, v = widened(q, k, fq, v)
+            out = window_attention_prefill(q, k, fq, phi, v, state, self.window, self.window_gate.to(q.dtype).exp(),
+                                           self.chunk_size or x.shape[1])
+        return self.merge(out.to(x.dtype))
+
 
 class GroupedWindowAttention(GroupedAttention, WindowAttention):
     """The hybrid in a family's model (families.py): its biases and rotary positions, one key/value head a query's."""
@@ -163,13 +201,9 @@ class WindowLayers:
 class WindowLM(WindowLayers, FamilyLM):
     """A language model (the paper's, or a family's: families.py) with window layers."""
 
-    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the window layers' parallel form is not written
-
 
 class WindowTranslator(WindowLayers, Seq2SeqTransformer):
     """The translator with window layers in its decoder's self-attention."""
-
-    prefill = prefill_by_steps  # t2r.py's reference, a step a token: the window layers' parallel form is not written
 
 
 def window_model(config: WindowConfig):

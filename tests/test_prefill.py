@@ -37,8 +37,9 @@ LM_CASES = {
     "Llama's switches, softmax": dict(attn="softmax", **LLAMA),
     "Llama's switches, softmax below t2r": dict(attn=["softmax", "t2r"], **LLAMA),
     "GPT-2's switches": dict(attn="t2r", max_positions=64, activation="gelu_tanh", scale_embedding=False, fold=True),
-    # beside the paper's, prefilled by t2r.py's reference for now (its parallel form is not written)
+    # the sliding-window hybrid (after_t2r.py): its ring of the last W keys and values, S and z of those before
     "t2r window": dict(attn="t2r", window=3),
+    "t2r window, rotary": dict(attn="t2r", window=3, **{**LLAMA, "n_kv_head": 0}),
 }
 
 
@@ -93,7 +94,8 @@ def test_prefill_then_steps_equals_a_step_a_token(case):
 
 
 @pytest.mark.parametrize("case", ["t2r", "t2r folded", "softmax", "softmax below t2r", "rfa",
-                                  "Llama's switches (rotary, grouped heads)", "Llama's switches, softmax"])
+                                  "Llama's switches (rotary, grouped heads)", "Llama's switches, softmax", "t2r window",
+                                  "t2r window, rotary"])
 @pytest.mark.parametrize("split", [1, 4, 7])
 def test_a_prefill_continued_from_a_state_equals_one_prefill_of_the_whole(case, split):
     model = lm(case)
@@ -106,7 +108,7 @@ def test_a_prefill_continued_from_a_state_equals_one_prefill_of_the_whole(case, 
     assert report(f"{case}: prefill of {split} then {13 - split} - prefill of 13", diff) < TIGHT
 
 
-@pytest.mark.parametrize("case", ["t2r", "rfa", "Llama's switches (rotary, grouped heads)"])
+@pytest.mark.parametrize("case", ["t2r", "rfa", "Llama's switches (rotary, grouped heads)", "t2r window"])
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_a_long_prompt_in_pieces_equals_it_at_once(case, chunk):
     model = lm(case)
@@ -148,9 +150,9 @@ def test_the_short_convolution_and_sru_prefill_as_they_step(model_of):
     assert report(f"{type(model).__name__}: prefill of 3, then 4, then 2 steps - 9 steps", diff) < TIGHT
 
 
-@pytest.mark.parametrize("kind", ["t2r", "softmax", "elu"])
-def test_a_translators_target_prefix_prefills_as_it_steps(kind):
-    model = tiny_translator(kind)
+@pytest.mark.parametrize("kind, window", [("t2r", 0), ("softmax", 0), ("elu", 0), ("t2r", 2)])
+def test_a_translators_target_prefix_prefills_as_it_steps(kind, window):
+    model = tiny_translator(kind, window=window)
     model = fold(model) if kind == "t2r" else model
     src = torch.randint(1, 23, (3, 7))
     src[0, 5:] = 0  # padding, masked out of the cross attention
@@ -161,7 +163,7 @@ def test_a_translators_target_prefix_prefills_as_it_steps(kind):
     after = steps(model, target[:, 6:], state)
     diff = max((logits - expected[:, 5]).abs().max().item(), (after - expected[:, 6:]).abs().max().item(),
                largest_difference(state, reference))
-    assert report(f"translator {kind}: prefill of 6 then 4 steps - 10 steps", diff) < TIGHT
+    assert report(f"translator {kind}, window {window}: prefill of 6 then 4 steps - 10 steps", diff) < TIGHT
 
 
 @pytest.mark.parametrize("case", ["t2r folded", "softmax", "rfa"])

@@ -62,12 +62,8 @@ PREFILLS = {  # generate_ragged's prefill of the shortest prompt: the model's, i
     "parallel in pieces of 3": lambda model: partial(model.prefill, chunk=3),
     "step": lambda model: None,
 }
-BY_STEPS = ("t2r window",)  # its prefill is the reference: "parallel" alone covers it
-
-
 def combinations(cases, prefills) -> list:
-    return [pytest.param(case, prefill, id=f"{case}-{prefill}") for case in cases for prefill in prefills
-            if prefill == "parallel" or not case.startswith(BY_STEPS)]
+    return [pytest.param(case, prefill, id=f"{case}-{prefill}") for case in cases for prefill in prefills]
 
 
 def greedy(logits):
