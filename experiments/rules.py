@@ -91,7 +91,7 @@ RULES = [
     Rule("hybrid-teacher-and-control", r"the 75% hybrid \(.*\) matches the teacher",
          "matches the teacher (no more than the spread behind it) and the softmax control trained for its steps: "
          "yes where both, **no** where neither, inconclusive where they part",
-         (P + "hybrid_verdict",), (), "this commit", "2026-11-28", LM_RUNS, False, "e43c6ecb9b36",
+         (P + "hybrid_verdict",), (), "3b7bd9f", "2026-11-28", LM_RUNS, False, "e43c6ecb9b36",
          beside=("hybrid-most-of-gap", "hybrid-teacher-one-sided")),
     Rule("hybrid-teacher-one-sided", r"the 75% hybrid \(.*\) matches the teacher",
          "no more than the seeds' spread behind the teacher (one-sided: any lead counts)",
