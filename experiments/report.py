@@ -21,17 +21,19 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
 import argparse
 import csv
 import os
+import re
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, all_controls,
-                                convergence_checks, equal_budget_gaps, model_name, verdict_legend)
+                                bootstrap_interval, convergence_checks, equal_budget_gaps, model_name, verdict_legend)
 from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
 from experiments.mqar_report import mqar_reading, mqar_section, selected
 from experiments.sizes import LM_SIZES, MT_SIZES
-from experiments.verdicts import NOT_MEASURED, group, half_range
+from experiments.rules import RULES, rules_table
+from experiments.verdicts import NOT_MEASURED, exact_permutation_p, group, half_range, welch
 from support.runtime import UserError, atomic_write, run_main
 
 CSVS = ("lm_ptb", "feature_size", "attention", "mt")
@@ -177,7 +179,8 @@ def equal_budget_section(results: dict, figure) -> list:
     steps = size["pretrain_steps"] + size["finetune_steps"]
     return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps |", "|---|---|---|---|",
             *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({seeds(c)}) | {mean_spread(r)} ({seeds(r)}) |"
-              for b, c, r in points], "", *figure("equal_budget.png", "Equal budgets", "lm_ptb.csv")]
+              for b, c, r in points], "", *equal_budget_lines(results), "",
+            *figure("equal_budget.png", "Equal budgets", "lm_ptb.csv")]
 
 
 def seeds(runs: list) -> str:
@@ -198,23 +201,64 @@ def curves_section(results: dict, figure) -> list:
             *figure("learning_curves.png", "Learning curves", "curves.csv")]
 
 
+def rule_of(claim: str) -> str:
+    """The id of the rule in force that judges a check (experiments/rules.py), by the check's text."""
+    found = [rule.id for rule in RULES if rule.in_force and re.match(rule.check, claim)]
+    return found[0] if len(found) == 1 else "none"
+
+
 def claims_table(claims: list) -> list:
-    lines = ["| claim | paper | ours | held |", "|---|---|---|---|"]
-    lines += [f"| {c} | {paper} | {ours} | {held} |" for c, paper, ours, held in claims]
+    lines = ["| claim | paper | ours | held | rule |", "|---|---|---|---|---|"]
+    lines += [f"| {c} | {paper} | {ours} | {held} | {rule_of(c)} |" for c, paper, ours, held in claims]
     return lines
 
 
-def held_count(claims: list) -> str:
-    """"9 of 20": the claims that held, of those judged (not one whose numbers are not measured, nor n/a)."""
-    judged = [held for *_, held in claims if held not in (NOT_MEASURED, "n/a")]
-    return f"{judged.count('yes')} of {len(judged)}"
+def outcome(held: str):
+    """A verdict as the headline counts it: agreed, did not, inconclusive (within noise too: the difference is
+    inside the noise), or None for a check with nothing to judge (n/a) or no runs yet."""
+    if held in (NOT_MEASURED, "n/a"):
+        return None
+    return "agreed" if held == "yes" else "did not" if held == "**no**" else "inconclusive"
 
 
-def headline(claims: list, controls: list) -> str:
-    """The two counts, apart: the paper's claims on its own comparisons, then the study's controls and ablations."""
-    waiting = sum(held == NOT_MEASURED for *_, held in claims + controls)
-    return (f"**{held_count(claims)} paper claims held at CPU scale**; the study's controls: {held_count(controls)}"
-            + (f", {waiting} not measured yet" if waiting else ""))
+def headline(claims: list) -> str:
+    """"Of 19 checks of the paper's claims at CPU scale, 8 agreed, 3 did not, 8 were inconclusive": the paper's claims
+    alone, each on the paper's own comparison; the controls are listed apart with their outcomes, not counted."""
+    found = [outcome(held) for *_, held in claims]
+    waiting = sum(held == NOT_MEASURED for *_, held in claims)
+    return (f"**Of {len(found) - found.count(None)} checks of the paper's claims at CPU scale, {found.count('agreed')} "
+            f"agreed, {found.count('did not')} did not, {found.count('inconclusive')} were inconclusive**"
+            + (f" ({waiting} not measured yet)" if waiting else ""))
+
+
+def equal_budget_lines(results: dict) -> list:
+    """One sentence per equal-budget comparison (PTB at 1x and 2x, translation), with its seeds and the test its
+    seeds allow: Welch's t and the exact permutation p where each side has two runs or more, the paired bootstrap
+    over the test sentences for the translators; a side of one seed has no p."""
+    lines, size = [], LM_SIZES[edition(results)]
+    steps = size["pretrain_steps"] + size["finetune_steps"]
+    for budget, converted, scratch in budget_points(results["lm"]):
+        if not (converted and scratch):
+            continue
+        text = (f"PTB at {budget}x ({budget * steps:,} steps): T2R + pretrain {mean_spread(converted)} "
+                f"({seeds(converted)}) against T2R from scratch {mean_spread(scratch)} ({seeds(scratch)}), "
+                f"{sum(converted) / len(converted) - sum(scratch) / len(scratch):+.2f} test ppl")
+        if min(len(converted), len(scratch)) >= 2:
+            t, df, p = welch(converted, scratch)
+            text += (f"; Welch's t {t:.2f} (df {df:.1f}), two-sided p = {p:.2f}; exact permutation p = "
+                     f"{exact_permutation_p(converted, scratch):.2f} over every split of the {len(converted + scratch)}"
+                     f" runs")
+        else:
+            text += "; one seed a side: no p can be computed"
+        lines.append(f"- {text}.")
+    get = lambda model, init: (group(results.get("mt", []), model=model, init=init) or [None])[0]
+    t2r, longer = get("t2r", "pretrained"), get(LONGER, "random")
+    if t2r and longer:
+        interval = bootstrap_interval(results.get("mt_pairs", []), t2r, longer)[0]
+        lines.append(f"- Translation: T2R + pretrain {t2r['bleu']:.2f} against T2R from scratch {longer['bleu']:.2f} "
+                     f"test BLEU, one seed a side{interval or '; no paired bootstrap'} (paired bootstrap over the "
+                     f"test sentences).")
+    return lines
 
 
 # -----------------------------------------------------------------------------
@@ -278,8 +322,9 @@ def results_page(results: dict, claims: list, controls: list) -> list:
     return ["<!-- written by experiments/report.py from the CSVs and machine.json beside it; do not edit -->",
             "# The paper's findings at CPU scale", "",
             "The T2R paper's Table 1, Fig. 4, Figs. 5-6 and Table 2, rerun with models small enough for a CPU: "
-            f"{headline(claims, controls)} ({scope(results)}). Each claim of the paper is checked once, on the "
-            "comparison the paper made; the controls and ablations are the study's own, which the paper did not run. "
+            f"{headline(claims)} ({scope(results)}). {seed_line(results)} Each claim of the paper is checked once, on "
+            "the comparison the paper made, by the rule dated below; the controls and ablations are the study's own, "
+            f"which the paper did not run, listed with their outcomes ({len(controls)}), not counted. "
             f"Produced by {provenance(machine)}. "
             "`python -m experiments.report` rewrites this page from the files beside it.", "",
             model_sizes(edition(results)), "", *partial_banner(machine),
@@ -299,9 +344,16 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "## The study's controls and ablations", "",
             "Checks the paper did not make: T2R + pretrain against T2R from scratch for the same total steps (three "
             "seeds, and once at twice every budget), against the teacher trained on for the finetuning's steps, and "
-            "the 75% hybrid's other reading (the top layer kept). At twice the budget a side with one seed takes its "
+            "the 75% hybrid's other reading (the top layer kept); and the decoding speed on the test sentences (the "
+            "paper's Table 2 points to Fig. 2 for speed, checked above). At twice the budget a side with one seed "
+            "takes its "
             "1x seeds' spread.", "", *claims_table(controls), "",
             *equal_budget_section(results, figure), verdict_legend(), "",
+            "## The rules, dated", "",
+            "Every verdict's rule, with the commit that set it and whether its runs had finished by then "
+            "(experiments/rules.py, the only copy). Where a rule was set after its runs' numbers were known, the "
+            "check's numbers end with the verdict of the rule in force before them; Figs. 5 and 6 follow the rule "
+            "set before their runs, the later rule's verdict beside it.", "", *rules_table(), "",
             "## Where and when", "",
             f"Produced by {provenance(machine)}. Where the runs ran (minutes and tokens/s compare only within one "
             "machine):", "", *[f"- {line}" for line in machine_lines(machine)], "",
@@ -314,14 +366,10 @@ def results_page(results: dict, claims: list, controls: list) -> list:
 
 
 def scope(results: dict) -> str:
-    """What the checks stand on, in a few words: the corpora, the models' sizes, the seeds, the teachers' convergence."""
+    """What the checks stand on, in a few words: the corpora, the models' sizes, the teachers' convergence."""
     lm, mt = LM_SIZES[edition(results)]["model"], MT_SIZES[edition(results)]["model"]
     words = [f"PTB and en-de, {lm['n_layer']}-layer models of d_model {lm['d_model']} (en-de: "
              f"{mt['n_encoder_layer']}+{mt['n_layer']})"]
-    seeds = sorted({len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER} - {0})
-    if seeds:
-        counts = " or ".join(map(str, seeds)) if len(seeds) < 3 else f"{seeds[0]} to {seeds[-1]}"
-        words.append(f"{counts} seed{'s' * (seeds[-1] > 1)}")
     checks = convergence_checks(results.get("curves", []))
     unconverged = [name for name, _, verdict in checks if verdict != "converged"]
     if checks and not unconverged:
@@ -333,6 +381,32 @@ def scope(results: dict) -> str:
     return ", ".join(words)
 
 
+def seed_counts(counts: set) -> str:
+    """"1 to 3", "1 or 2", "one": how many seeds the models of one part have."""
+    counts = sorted(counts - {0})
+    if counts == [1]:
+        return "one"
+    return " or ".join(map(str, counts)) if len(counts) < 3 else f"{counts[0]} to {counts[-1]}"
+
+
+def seed_line(results: dict) -> str:
+    """The seeds of each part by name, so that a one-seed part is not hidden behind the largest count."""
+    lm = {len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER}
+    doubled = {len(group(results["lm"], model=f"{model}-{DOUBLED}", init=init))
+               for model, init in (("softmax", "random"), ("t2r", "pretrained"), (LONGER, "random"))}
+    mt = {len(group(results["mt"], model=model, init=init)) for model, init in MT_ORDER}
+    figures = {len(group(results.get("fs", []), variant=r["variant"], k=r["k"])) for r in results.get("fs", [])}
+    parts = [(lm, "Table 1's language models"), (doubled, "twice the budget"), (mt, "translation"),
+             (figures, "Figs. 4-6")]
+    phrases = {}  # the parts of one count together: "one each for twice the budget, translation and Figs. 4-6"
+    for counts, name in parts:
+        if counts - {0}:
+            phrases.setdefault(seed_counts(counts), []).append(name)
+    said = [f"{count}{' each' * (len(names) > 1)} for " + (", ".join(names[:-1]) + " and " if names[1:] else "")
+            + names[-1] for count, names in phrases.items()]
+    return f"Seeds: {'; '.join(said)}." if said else ""
+
+
 def summary_page(results: dict, claims: list, controls: list, link: str) -> list:
     """Under 40 lines, for the top-level README: two short lines first (what was checked, how many held, on what
     scale; the link to the page), then the headline numbers beside the paper's, the runs, and every verdict."""
@@ -340,9 +414,10 @@ def summary_page(results: dict, claims: list, controls: list, link: str) -> list
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
-             f"{headline(claims, controls)}: {scope(results)}.",
-             f"Tables, plots, every claim and where each run ran: [{link}]({link}).", "",
-             *partial_banner(results["machine"]),  # while runs are missing: under the two lines the README quotes
+             f"{headline(claims)}: {scope(results)}.",
+             f"{seed_line(results)} The study's {len(controls)} controls are listed with their outcomes, not counted.",
+             f"Tables, plots, every claim, its rule and where each run ran: [{link}]({link}).", "",
+             *partial_banner(results["machine"]),  # while runs are missing: under the three lines the README quotes
              "| model | PTB test ppl (paper, WikiText-103) | en-de test BLEU (paper, WMT14) |", "|---|---|---|"]
     for model, init in rows:
         ppl = [r["test_ppl"] for r in group(lm, model=model, init=init)]
@@ -352,13 +427,16 @@ def summary_page(results: dict, claims: list, controls: list, link: str) -> list
                      + " | " + (f"{bleu[0]['bleu']:.2f}" + (f" ({paper_mt})" if paper_mt else "") if bleu else "-")
                      + " |")
     lines += ["", f"Made by {short_provenance(results['machine'])}."]
+    budgets = equal_budget_lines(results)
+    if budgets:  # the study's control: the paper compares the conversion with T2R from scratch at the teacher's budget
+        lines += ["", "At equal total steps (the study's control, not a claim of the paper):", "", *budgets]
     reading = mqar_reading(results.get("mqar", []))
     if reading:  # what a fixed state forgets, in three lines
         made_by = mqar_provenance(results.get("mqar_machine", {}))
         lines += ["", f"Associative recall (MQAR), what conversion keeps and loses ({made_by}):", "", *reading]
     lines += ["", "The paper's claims:", ""]
     lines += [f"- {held}: {claim}" for claim, _, _, held in claims]
-    lines += ["", "The study's controls and ablations:", ""]
+    lines += ["", "The study's controls and ablations, with their outcomes (not counted):", ""]
     lines += [f"- {held}: {claim}" for claim, _, _, held in controls]
     return lines + [""]
 

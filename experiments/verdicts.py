@@ -6,9 +6,9 @@ point can carry.
     python -m pytest -q tests/test_claims.py         # each rule against made-up rows
 """
 
+from experiments.rules import SEPARATED  # the thresholds live in experiments/rules.py
+
 NOT_MEASURED = "not measured"
-STRONG = 0.7  # a strong correlation: rank correlation of at least this (over 5 points rho moves in steps of 0.1)
-SIGNIFICANT = 0.05  # ... and a one-sided permutation p below this
 PERMUTATIONS = 10_000  # shuffles of one side for a permutation p (seeded: the same p every time)
 
 
@@ -122,9 +122,6 @@ def exact_permutation_p(xs: list, ys: list) -> float:
                              sum(pooled[i] for i in range(len(pooled)) if i not in chosen) / len(ys))
     observed, splits = gap(range(n)), list(combinations(range(len(pooled)), n))
     return sum(gap(chosen) >= observed - 1e-12 for chosen in splits) / len(splits)
-
-
-SEPARATED = 0.05  # Welch's two-sided p below this, and the permutation p the smallest the arms' sizes allow
 
 
 def two_arms(low: list, high: list) -> str:
