@@ -591,9 +591,10 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
     return student.to(device=p.device, dtype=p.dtype).train(model.training)
 
 
-def new_tensors(model: nn.Module) -> set:  # the names of what a conversion adds: feature maps (and what else)
-    return {f"{name}.{new}" for name, m in model.named_modules() if isinstance(m, LinearAttention)
-            for new in m.new_tensors()}
+def new_tensors(model: nn.Module) -> set:
+    """The names of what a conversion adds: each module that adds tensors names them (its new_tensors()): the feature
+    maps here, and what the models beside the paper's add (after_t2r.py)."""
+    return {f"{name}.{new}" for name, m in model.named_modules() if hasattr(m, "new_tensors") for new in m.new_tensors()}
 
 
 KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
