@@ -594,7 +594,8 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
 def new_tensors(model: nn.Module) -> set:
     """The names of what a conversion adds: each module that adds tensors names them (its new_tensors()): the feature
     maps here, and what the models beside the paper's add (after_t2r.py)."""
-    return {f"{name}.{new}" for name, m in model.named_modules() if hasattr(m, "new_tensors") for new in m.new_tensors()}
+    return {f"{name}.{new}" for name, m in model.named_modules() if hasattr(m, "new_tensors")
+            for new in m.new_tensors()}
 
 
 KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
