@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
-from t2r import (Config, LinearAttention, Seq2SeqTransformer, TransformerLM, convert, linear_attention_chunked_sums,
-                 normalize, softmax_attention)
+from t2r import (Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, convert,
+                 linear_attention_chunked_sums, normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -236,7 +236,9 @@ def linear_attention_layers(model: nn.Module) -> list:
 def imitate_softmax(layer: LinearAttention, errors: dict, x, source=None, key_mask=None, **position):
     """A layer's forward during attention transfer: pass on the softmax attention of the layer's own q, k, v (the
     teacher's output exactly), and keep the squared error of its linear attention against it in errors[layer].
-    position: the rotary angles where the model has them (families.py)."""
+    position: the rotary angles where the model has them (families.py). A layer with a short convolution (ConvInput)
+    reads its output, as its own forward does."""
+    x = layer.conv(x) if isinstance(layer, ConvInput) else x
     q, k, v = (t.detach() for t in layer.project(x, x if source is None else source, **position))  # only phi, g learn
     cross, group = source is not None, q.shape[1] // k.shape[1]  # group > 1: grouped-query heads (families.py)
     target = softmax_attention(q, shared(k, group), shared(v, group), layer.causal and not cross, key_mask)  # Eq. 2
@@ -307,6 +309,9 @@ class ShortConv(nn.Module):
         last.copy_(window[:, 1:])
         return self.bias + (window * self.weight[:, 0].T).sum(1)
 
+    def new_tensors(self) -> list:  # a conversion may add it: as the identity, the teacher's outputs stay the same
+        return ["weight", "bias"]
+
     def prefill(self, x, last):  # x (B, T, h) after the last K - 1 inputs, which move on in place -> (B, T, h)
         window = torch.cat([last, x], 1)  # the convolution over them and the prompt: T outputs, no padding
         if self.kernel > 1:
@@ -314,30 +319,62 @@ class ShortConv(nn.Module):
         return F.conv1d(window.transpose(1, 2), self.weight, self.bias, groups=x.shape[2]).transpose(1, 2)
 
 
-class ConvAttention(nn.Module):
-    """Attention whose input is the short convolution's output; the attention is unchanged (convert swaps it)."""
+class ConvInput:
+    """An attention layer (the mixin's next class) whose input is the short convolution's output: the attention's own
+    tensors keep their names, so a conversion copies them and adds the convolution (new_tensors)."""
 
-    def __init__(self, conv: ShortConv, attn: nn.Module):
-        super().__init__()
-        self.conv, self.attn = conv, attn
+    def __init__(self, config, *args):
+        super().__init__(config, *args)
+        self.conv = ShortConv(config.d_model, config.short_conv)
 
-    def forward(self, x, key_mask=None):
-        return self.attn(self.conv(x), key_mask=key_mask)
+    def forward(self, x, source=None, key_mask=None):
+        return super().forward(self.conv(x), source, key_mask)
 
-    def init_state(self, batch_size: int, device, dtype):
-        return {"conv": self.conv.init_state(batch_size, device, dtype),
-                "attn": self.attn.init_state(batch_size, device, dtype)}
+    def init_state(self, batch_size: int, device, dtype):  # the attention's state and the last K - 1 inputs
+        last = self.conv.init_state(batch_size, device, dtype)
+        return {**super().init_state(batch_size, device, dtype), "conv": last}
 
     def step(self, x, state):
-        return self.attn.step(self.conv.step(x, state["conv"]), state["attn"])
+        return super().step(self.conv.step(x, state["conv"]), state)
 
     def prefill(self, x, state):
-        return self.attn.prefill(self.conv.prefill(x, state["conv"]), state["attn"])
+        return super().prefill(self.conv.prefill(x, state["conv"]), state)
 
 
-class ConvLM(TransformerLM):
-    """The paper's language model with a short convolution before each self-attention (MQAR's baselines)."""
+class ConvSoftmaxAttention(ConvInput, SoftmaxAttention):
+    pass
+
+
+class ConvLinearAttention(ConvInput, LinearAttention):
+    pass
+
+
+class ConvLayers:
+    """The parts of a model whose causal self-attention reads a short convolution's output (an encoder's and a cross
+    attention stay as they are)."""
 
     def make_attention(self, kind: str, causal: bool, feature_size: int):
-        return ConvAttention(ShortConv(self.config.d_model, self.config.short_conv),
-                             super().make_attention(kind, causal, feature_size))
+        if not causal:
+            return super().make_attention(kind, causal, feature_size)
+        if kind == "softmax":
+            return ConvSoftmaxAttention(self.config, causal)
+        return ConvLinearAttention(self.config, causal, kind, feature_size)
+
+
+class ConvLM(ConvLayers, TransformerLM):
+    """The paper's language model with a short convolution before each self-attention (MQAR's baselines)."""
+
+
+class ConvTranslator(ConvLayers, Seq2SeqTransformer):
+    """The translator with a short convolution before its decoder's self-attention."""
+
+
+def conv_model(config: ConvConfig):
+    return (ConvTranslator if config.n_encoder_layer else ConvLM)(config)
+
+
+def conv_student(kernel: int):
+    """t2r.convert's build= for a student with a short convolution of `kernel` before each causal self-attention,
+    new and the identity (at the swap the student computes what it would without it), None for 0: the teacher's
+    class. Its recurrent state keeps the last kernel - 1 inputs of each layer."""
+    return (lambda config: conv_model(ConvConfig(**{**config.to_dict(), "short_conv": kernel}))) if kernel else None

@@ -25,7 +25,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import window_student
+from after_t2r import conv_student, window_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.checkpoints import model_from_checkpoint
@@ -176,8 +176,8 @@ def model_config(args, vocab_size: int) -> Config:
     return config_of(dict(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                           d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
                           attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size,
-                          window=args.window, adaptive_cutoffs=args.adaptive_cutoffs,
-                          adaptive_factor=args.adaptive_factor))  # with --window: the hybrid's (after_t2r.py)
+                          window=args.window, short_conv=args.short_conv, adaptive_cutoffs=args.adaptive_cutoffs,
+                          adaptive_factor=args.adaptive_factor))  # --window, --short_conv: after_t2r.py's
 
 
 # -----------------------------------------------------------------------------
@@ -230,9 +230,10 @@ def train_run(args, ddp) -> dict:
 
 def conversion(args) -> dict:
     """t2r.convert's arguments for these flags: the kind and k, the layers kept softmax, the finetuning's dropout,
-    chunks and LayerDrop, and with --window the sliding-window hybrid's student (after_t2r.py)."""
+    chunks and LayerDrop, and with --window or --short_conv the student of after_t2r.py's that has them."""
     return dict(attn=args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
-                keep_softmax_from=args.keep_softmax_from, build=window_student(args.window), **finetuning(args))
+                keep_softmax_from=args.keep_softmax_from, **finetuning(args),
+                build=window_student(args.window) or conv_student(args.short_conv))
 
 
 # -----------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import window_student
+from after_t2r import conv_student, window_student
 from support import mt_data
 from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
@@ -101,7 +101,7 @@ def model_config(args, vocab_size: int) -> Config:
     return config_of(dict(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn,
                           feature_size=args.feature_size, cross_attn=args.attn,
                           cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size, window=args.window,
-                          pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True))
+                          short_conv=args.short_conv, pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True))
 
 
 # -----------------------------------------------------------------------------
@@ -262,9 +262,9 @@ def train_run(args, ddp) -> dict:
 
 def conversion(args) -> dict:
     """t2r.convert's arguments for these flags: the kind, the causal and cross k, the finetuning's dropout and chunks,
-    and with --window the sliding-window hybrid's student (after_t2r.py)."""
+    and with --window or --short_conv the student of after_t2r.py's that has them (in the decoder's self-attention)."""
     return dict(attn=args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size,
-                build=window_student(args.window), **finetuning(args))
+                build=window_student(args.window) or conv_student(args.short_conv), **finetuning(args))
 
 
 def load_translator_teacher(args):

@@ -5,7 +5,7 @@ where the paper's model is meant."""
 
 from dataclasses import fields
 
-from after_t2r import ConvConfig, ConvLM, WindowConfig, window_model
+from after_t2r import ConvConfig, WindowConfig, conv_model, window_model
 from families import FamilyConfig, FamilyLM
 from sru import SRUConfig, SRUppLM
 from t2r import Config, Seq2SeqTransformer, TransformerLM
@@ -39,7 +39,7 @@ def build_model(config):
         return SRUppLM(SRUConfig(**config))
     config = config_of(config) if isinstance(config, dict) else config
     if isinstance(config, ConvConfig):
-        return ConvLM(config)
+        return conv_model(config)
     if isinstance(config, WindowConfig):
         return window_model(config)
     if isinstance(config, FamilyConfig):
