@@ -139,13 +139,11 @@ def test_the_trainers_convert_with_a_short_convolution(tmp_path, script):
     """--short_conv 3 with --init pretrained: the teacher trained first without one, the student with one (new, and
     named in the run's row); generate.py checks its recurrent form against the parallel one."""
     from conftest import MT_TINY, TINY, assert_check_passes, run_in_process, write_corpus, write_parallel
-    if script == "train_lm.py":
-        corpus, sizes, name = write_corpus(str(tmp_path / "tiny")), [*TINY, "--max_steps", "4"], "t2r+conv3+pretrain"
-    else:
-        corpus, sizes, name = write_parallel(str(tmp_path / "toy")), [*MT_TINY, "--max_steps", "4"], "t2r+conv3+pretrain"
-    result = run_in_process(script, "--init", "pretrained", "--dataset", corpus, *sizes, "--short_conv", "3",
-                            "--out_dir", "student", cwd=tmp_path, check=True)
-    assert f"| {name} |" in result.stdout
+    lm = script == "train_lm.py"
+    corpus = write_corpus(str(tmp_path / "tiny")) if lm else write_parallel(str(tmp_path / "toy"))
+    result = run_in_process(script, "--init", "pretrained", "--dataset", corpus, *(TINY if lm else MT_TINY),
+                            "--max_steps", "4", "--short_conv", "3", "--out_dir", "student", cwd=tmp_path, check=True)
+    assert "| t2r+conv3+pretrain |" in result.stdout
     teacher = torch.load(next(tmp_path.glob("out/*softmax-random/model.pt")), weights_only=True)
     student = torch.load(tmp_path / "student/model.pt", weights_only=True)
     assert "short_conv" not in teacher["config"] and student["config"]["short_conv"] == 3
