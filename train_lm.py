@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from after_t2r import conv_student, window_student
+from decay import decay_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.checkpoints import model_from_checkpoint
@@ -176,8 +177,8 @@ def model_config(args, vocab_size: int) -> Config:
     return config_of(dict(vocab_size=vocab_size, n_layer=args.n_layer or 4, n_head=args.n_head or 4, d_model=d_model,
                           d_ff=args.d_ff or 4 * d_model, dropout=args.dropout, layer_dropout=args.layer_dropout,
                           attn=args.attn, feature_size=args.feature_size, chunk_size=args.chunk_size,
-                          window=args.window, short_conv=args.short_conv, adaptive_cutoffs=args.adaptive_cutoffs,
-                          adaptive_factor=args.adaptive_factor))  # --window, --short_conv: after_t2r.py's
+                          window=args.window, short_conv=args.short_conv, decay=args.decay,
+                          adaptive_cutoffs=args.adaptive_cutoffs, adaptive_factor=args.adaptive_factor))
 
 
 # -----------------------------------------------------------------------------
@@ -233,7 +234,7 @@ def conversion(args) -> dict:
     chunks and LayerDrop, and with --window or --short_conv the student of after_t2r.py's that has them."""
     return dict(attn=args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
                 keep_softmax_from=args.keep_softmax_from, **finetuning(args),
-                build=window_student(args.window) or conv_student(args.short_conv))
+                build=window_student(args.window) or conv_student(args.short_conv) or decay_student(args.decay))
 
 
 # -----------------------------------------------------------------------------

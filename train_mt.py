@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from after_t2r import conv_student, window_student
+from decay import decay_student
 from support import mt_data
 from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
@@ -101,7 +102,8 @@ def model_config(args, vocab_size: int) -> Config:
     return config_of(dict(vocab_size=vocab_size, **sizes, dropout=args.dropout, attn=args.attn,
                           feature_size=args.feature_size, cross_attn=args.attn,
                           cross_feature_size=args.cross_feature_size, chunk_size=args.chunk_size, window=args.window,
-                          short_conv=args.short_conv, pre_norm=not args.post_norm, pad_id=PAD_ID, tie_embeddings=True))
+                          short_conv=args.short_conv, decay=args.decay, pre_norm=not args.post_norm, pad_id=PAD_ID,
+                          tie_embeddings=True))
 
 
 # -----------------------------------------------------------------------------
@@ -264,7 +266,8 @@ def conversion(args) -> dict:
     """t2r.convert's arguments for these flags: the kind, the causal and cross k, the finetuning's dropout and chunks,
     and with --window or --short_conv the student of after_t2r.py's that has them (in the decoder's self-attention)."""
     return dict(attn=args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size,
-                build=window_student(args.window) or conv_student(args.short_conv), **finetuning(args))
+                build=window_student(args.window) or conv_student(args.short_conv) or decay_student(args.decay),
+                **finetuning(args))
 
 
 def load_translator_teacher(args):

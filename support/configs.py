@@ -6,6 +6,7 @@ where the paper's model is meant."""
 from dataclasses import fields
 
 from after_t2r import ConvConfig, WindowConfig, conv_model, window_model
+from decay import DecayConfig, decay_model
 from families import FamilyConfig, FamilyLM
 from sru import SRUConfig, SRUppLM
 from t2r import Config, Seq2SeqTransformer, TransformerLM
@@ -25,6 +26,9 @@ def config_of(saved: dict) -> Config:
     if saved.get("short_conv"):
         return ConvConfig(**saved)
     saved.pop("short_conv", None)
+    if saved.get("decay"):
+        return DecayConfig(**saved)
+    saved.pop("decay", None)
     if saved.get("window"):
         return WindowConfig(**saved)
     saved.pop("window", None)  # 0: no window, as checkpoints before wrote it
@@ -40,6 +44,8 @@ def build_model(config):
     config = config_of(config) if isinstance(config, dict) else config
     if isinstance(config, ConvConfig):
         return conv_model(config)
+    if isinstance(config, DecayConfig):
+        return decay_model(config)
     if isinstance(config, WindowConfig):
         return window_model(config)
     if isinstance(config, FamilyConfig):

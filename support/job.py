@@ -54,6 +54,7 @@ def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
     g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
     g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers attend with softmax to the last W tokens (0: off)")
+    g.add_argument("--decay", action="store_true", help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap")
     g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to the teacher, as the identity")
     return g
 
@@ -183,8 +184,13 @@ def check_conversion_flags(args, parser):
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
     if "transfer_lr" in args.explicit and not args.transfer_steps:
         parser.error("--transfer_lr is the learning rate of the transfer stage: add --transfer_steps")
-    if args.short_conv and args.window:
-        parser.error("--short_conv and --window each make the student's layers (after_t2r.py): use one")
+    if sum(map(bool, (args.short_conv, args.window, args.decay))) > 1:
+        parser.error("--short_conv, --window and --decay each make the model's layers (after_t2r.py, decay.py): "
+                     "use one of them")
+    if args.decay and args.attn == "softmax":
+        parser.error("--decay makes a linear attention's state decay: pass --attn t2r, elu or rfa")
+    if args.decay and args.init == "pretrained" and is_hf(args.pretrained or ""):
+        parser.error("--decay converts a model of t2r.py's: a Hugging Face family's layers take none yet")
     if args.short_conv and args.init == "pretrained" and is_hf(args.pretrained or ""):
         parser.error("--short_conv converts a model of t2r.py's: a Hugging Face family's layers take none yet")
     if args.distill_weight and args.init != "pretrained":
@@ -407,6 +413,7 @@ def teacher_run_args(args, schedules: dict, overrides: dict):
     teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
     teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
     teacher.transfer_steps, teacher.window, teacher.distill_weight, teacher.short_conv = 0, 0, 0.0, 0
+    teacher.decay = False
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
     vars(teacher).update(overrides)
     if teacher.resume:
@@ -426,7 +433,7 @@ def ignored_by_checkpoint(args) -> set:
 # The flags that shape the conversion, not the softmax teacher: a teacher trained first may differ in them
 CONVERSION_ONLY = {"feature_size", "cross_feature_size", "chunk_size", "window", "keep_softmax_every",
                    "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr",
-                   "distill_weight", "short_conv"}
+                   "distill_weight", "short_conv", "decay"}
 
 
 def check_unfinished_teacher(teacher):
@@ -482,6 +489,8 @@ def model_name(args) -> str:
     steps = (["transfer"] if args.transfer_steps else []) + ([f"window{args.window}"] if args.window else [])
     if getattr(args, "keep_softmax_every", 0):  # the layers left softmax (a language model's option)
         steps.append(f"keep{args.keep_softmax_every}" + ("top" if args.keep_softmax_from == "top" else ""))
+    if getattr(args, "decay", False):  # a decaying state (decay.py)
+        steps.append("decay")
     if getattr(args, "short_conv", 0):  # a short convolution before each causal self-attention (after_t2r.py)
         steps.append(f"conv{args.short_conv}")
     if getattr(args, "distill_weight", 0):  # KL to the teacher's logits (support/distill.py), its weight
