@@ -371,24 +371,27 @@ def token_stream(decoder, state, rows, args, pick, device, model=None):
     return generate_ragged(decoder, state, prompt, lengths, args.num_tokens, pick, prefill)
 
 
-def stream(tokens, rows, lm, args, clock) -> tuple[list, list, float]:
-    """Run the loop. Print what each pick adds to the decoded text (one row: BPE pieces join up, <eos> is a new line);
-    keep only what the end needs: several rows' tokens, printed then, and for --check every step's logits. No row's
-    token is read back while the loop runs (it would wait for the device), but the one row's that is printed. Also
-    returns when the first token was picked (clock(): seconds, once the device is done)."""
-    recent, kept_tokens, kept_logits, first_at = list(rows[0][-7:]), [], [], None  # a short window is decoded
-    for token, logits in tokens:
-        first_at = first_at if first_at is not None else clock()  # the prompt read, its first pick made
-        if len(rows) == 1:
-            before = lm.decode(recent)
-            recent.append(int(token[0]))
-            print(lm.decode(recent)[len(before):], end="", flush=True)
-            del recent[:-7]
-        if len(rows) > 1 or args.check:
-            kept_tokens.append(token)
-        if args.check:
-            kept_logits.append(logits)
-    return kept_tokens, kept_logits, first_at
+class Stream:
+    """What the loop's picks become: what each adds to the decoded text, printed as it comes (one row: BPE pieces join
+    up, <eos> is a new line), and only what the end needs kept: several rows' tokens, printed then, and for --check
+    every step's logits. No row's token is read back while the loop runs (it would wait for the device), but the one
+    row's that is printed. first_at: when the first token was picked (clock(): seconds, once the device is done)."""
+
+    def __init__(self, rows, lm, args, clock):
+        self.rows, self.lm, self.args, self.clock = rows, lm, args, clock
+        self.recent, self.kept_tokens, self.kept_logits, self.first_at = list(rows[0][-7:]), [], [], None
+
+    def take(self, token, logits):
+        self.first_at = self.first_at if self.first_at is not None else self.clock()  # the prompt read, a pick made
+        if len(self.rows) == 1:  # a short window is decoded: O(1) a token
+            before = self.lm.decode(self.recent)
+            self.recent.append(int(token[0]))
+            print(self.lm.decode(self.recent)[len(before):], end="", flush=True)
+            del self.recent[:-7]
+        if len(self.rows) > 1 or self.args.check:
+            self.kept_tokens.append(token)
+        if self.args.check:
+            self.kept_logits.append(logits)
 
 
 def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept_logits: list, first: float):
@@ -440,10 +443,12 @@ def main():
             torch.cuda.synchronize()
         return time.time() - start
     state = decoder.init_state(len(rows)) if recurrent else None
-    kept = stream(token_stream(decoder, state, rows, args, pick, device, model), rows, lm, args, clock)
+    stream = Stream(rows, lm, args, clock)
+    for token, logits in token_stream(decoder, state, rows, args, pick, device, model):  # the loop: the RNN's
+        stream.take(token, logits)
     seconds = clock()
     print()
-    report(model, lm, rows, args, seconds, state, *kept)
+    report(model, lm, rows, args, seconds, state, stream.kept_tokens, stream.kept_logits, stream.first_at)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ once as a CUDA graph and replayed. families.py's grouped-query layers use the fu
 """
 
 import copy
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -60,8 +61,21 @@ def compile_step(model):
     compile; it pays off over long generations); the caller's model is left as it is. The embedding and the position
     counter stay outside, so a new position does not recompile."""
     compiled = copy.copy(model)
-    compiled.step_layers = torch.compile(compiled.step_layers)
+    compiled.step_layers = torch.compile(compiled.step_layers)  # what a family's step calls (families.py)
+    if type(model).step is TransformerBase.step:  # t2r.py's step loops its layers itself, for the reader: the
+        compiled.step = partial(step_compiled_layers, compiled)  # compiled loop runs in its place
     return compiled
+
+
+def step_compiled_layers(model, tokens, state):
+    """t2r.py's TransformerBase.step with its loop over the layers and the head in model.step_layers (compiled)."""
+    if model.training:
+        raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
+    with torch.no_grad():
+        x = model.embed(tokens[:, None], start=state["pos"])[:, 0]
+        logits = model.step_layers(x, state["layers"])
+        state["pos"] += 1
+        return logits, state
 
 
 # -----------------------------------------------------------------------------

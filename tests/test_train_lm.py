@@ -447,6 +447,33 @@ def test_generate_runs_the_step_it_names(run_here, trained, monkeypatch, prefill
     assert calls == {ran: 2 * steps, ("fast" if ran == "model" else "model"): 0}  # 2 layers
 
 
+def test_a_reader_follows_step_model_from_main_to_eq_6_in_five_calls(run_here, trained):
+    """With --step model the path from generate.py's main to Eq. 6 (t2r.py's linear_attention_step) is at most 5
+    calls, every one of them in generate.py or t2r.py: main -> generate -> the model's step -> a layer's -> its
+    attention's -> Eq. 6. (The calls of the first time Eq. 6 runs, recorded by a profile hook.)"""
+    tmp, _ = trained
+    stack, path = [], []
+
+    def record(frame, event, arg):
+        if event == "call":
+            stack.append((os.path.basename(frame.f_code.co_filename), frame.f_code.co_name))
+            if frame.f_code.co_name == "linear_attention_step" and not path:
+                path.extend(stack)
+        elif event == "return" and stack:
+            stack.pop()
+    sys.setprofile(record)
+    try:
+        result = run_here("generate.py", "--ckpt", "out/tiny-t2r-random/model.pt", "--prompt", "w1 w2",
+                          "--num_tokens", "3", "--step", "model", cwd=tmp)
+    finally:
+        sys.setprofile(None)
+    assert result.returncode == 0, result.stderr
+    start = max(i for i, (file, name) in enumerate(path) if (file, name) == ("generate.py", "main"))
+    calls = path[start + 1:]
+    print(" -> ".join(f"{file}:{name}" for file, name in path[start:]))
+    assert len(calls) <= 5 and all(file in ("generate.py", "t2r.py") for file, _ in calls)
+
+
 # -----------------------------------------------------------------------------
 # A run is one run: resumed whole, on the same data, by one trainer at a time; nothing silent, nothing lost
 
