@@ -4,9 +4,11 @@ Translate with a trained translator: batched beam search or greedy decoding on r
     echo "Click OK." | python translate.py --ckpt out/mt-libreoffice-en-de-t2r-pretrained/model.pt
     python translate.py input.en --beam 1 > output.de        # greedy; one line out per line in
     python translate.py --ckpt out/mt-libreoffice-en-de-softmax-random/model.pt   # the teacher, with a KV cache
+    echo "Click OK." | python translate.py --prefix "Klicken"   # every translation starts so: read in one pass
 
 T2R, ELU and RFA decoders step with constant-size states (S, z); softmax keeps a KV cache. T2R models are
-folded first (Eq. 8). train_mt.py uses the same functions for its BLEU scores.
+folded first (Eq. 8). A forced --prefix is read after <s> by the decoder's prefill, in one parallel pass (--prefill
+step: a step a token), then decoding goes on from its state. train_mt.py uses the same functions for its BLEU scores.
 """
 
 import contextlib
@@ -14,6 +16,7 @@ import json
 import os
 import sys
 import time
+from functools import partial
 
 import sacrebleu
 import torch
@@ -27,8 +30,9 @@ from support.fast_step import compile_step, eager_decoder
 from support.inference import inference_model
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
-                             get_device, length_factor, length_term, non_negative_float, positive_int, resolve_device,
+                             get_device, length_factor, length_term, positive_int, resolve_device,
                              run_main)
+from t2r import prefill_by_steps
 
 
 # -----------------------------------------------------------------------------
@@ -39,24 +43,32 @@ def max_lengths(src, max_len_a: float, max_len_b: int) -> torch.Tensor:
     return ((src != PAD_ID).sum(1).float() * max_len_a).long() + max_len_b
 
 
+def started(model, src, prefix: list, prefill=None) -> tuple:
+    """The decoder's state once it has read <s> and the forced prefix (token ids: the start every translation
+    takes), and the logits of the token after them: prefill(tokens (B, n), state), the model's in one parallel
+    pass, or by default t2r.py's reference, a step a token. The encoder runs once, in init_state."""
+    state = model.init_state(src)  # the encoder and the cross-attention states: once per sentence
+    start = torch.tensor([[BOS_ID, *prefix]] * src.shape[0], dtype=torch.long, device=src.device)
+    return (prefill or partial(prefill_by_steps, model))(start, state)
+
+
 @torch.no_grad()
-def greedy_decode(model, src, max_len_a=1.5, max_len_b=10) -> list:
-    """Argmax decoding with the recurrent form: one step per token; the cross-attention state is
-    computed once per sentence by init_state (the encoder runs once)."""
+def greedy_decode(model, src, max_len_a=1.5, max_len_b=10, prefix: list = (), prefill=None) -> list:
+    """Argmax decoding with the recurrent form: one step per token, after <s> and the forced prefix (started);
+    the prefix begins every translation."""
     limits = max_lengths(src, max_len_a, max_len_b)
-    state = model.init_state(src)
-    tokens = torch.full((src.shape[0],), BOS_ID, dtype=torch.long, device=src.device)
+    logits, state = started(model, src, list(prefix), prefill)
     out, done = [], torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
     for t in range(int(limits.max())):
-        logits, state = model.step(tokens, state)
         tokens = never_emit(logits).argmax(-1)
         tokens = torch.where(t + 1 >= limits, torch.full_like(tokens, EOS_ID), tokens)  # force </s> at the limit
         tokens = torch.where(done, torch.full_like(tokens, PAD_ID), tokens)
         out.append(tokens)
         done |= tokens == EOS_ID
-        if done.all():
+        if done.all():  # every sentence ended (at the last limit at the latest)
             break
-    return [strip(row) for row in torch.stack(out, 1).tolist()]
+        logits, state = model.step(tokens, state)
+    return [list(prefix) + strip(row) for row in torch.stack(out, 1).tolist()]
 
 
 @torch.no_grad()
@@ -98,22 +110,26 @@ def reorder_state(state, index):
 
 
 @torch.no_grad()
-def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10) -> list:
+def beam_search(model, src, beam_size=5, lenpen=0.6, max_len_a=1.5, max_len_b=10, prefix: list = (),
+                prefill=None) -> list:
     """Batched beam search on recurrent states. Returns per sentence the best finished hypothesis as
     (tokens, log p(tokens + </s>), log p / (len + 1)^lenpen), the last being what beams are ranked by.
 
     Each sentence keeps beam_size live hypotheses as rows b * K + j of the state. At each step the 2K best
     extensions are taken; those ending in </s> among the top K are finished, the first K others live on, and
-    the self-attention states are reordered to follow their parents."""
+    the self-attention states are reordered to follow their parents. Every hypothesis starts with <s> and the forced
+    prefix, read once per sentence (started), before the K beams part."""
     B, K = src.shape[0], beam_size
     limits = max_lengths(src, max_len_a, max_len_b).tolist()
-    state = model.init_state(src)  # the encoder and the cross-attention states: once per sentence
-    state = reorder_state(state, torch.arange(B, device=src.device).repeat_interleave(K))  # (B * K) rows
-    tokens = torch.full((B * K, 1), BOS_ID, dtype=torch.long, device=src.device)
+    logits, state = started(model, src, list(prefix), prefill)
+    rows = torch.arange(B, device=src.device).repeat_interleave(K)
+    logits, state = logits[rows], reorder_state(state, rows)  # (B * K) rows
+    tokens = torch.tensor([[BOS_ID, *prefix]] * (B * K), dtype=torch.long, device=src.device)
     scores = None  # (B, K) log p of each live hypothesis, in float32 (float64 for a float64 model)
     finished = [[] for _ in range(B)]
     for t in range(max(limits)):
-        logits, state = model.step(tokens[:, -1], state)
+        if t:
+            logits, state = model.step(tokens[:, -1], state)
         logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), -1)  # (B * K, V)
         if scores is None:
             scores = torch.zeros(B, K, dtype=logp.dtype, device=src.device)
@@ -152,7 +168,7 @@ def next_beams(b: int, K: int, V: int, top_scores: list, top: list, tokens, fini
         beam, token = divmod(flat, V)
         if token == EOS_ID:
             if j < K and len(finished) < K and score > float("-inf"):
-                hypothesis = tokens[b * K + beam, 1:].tolist()
+                hypothesis = tokens[b * K + beam, 1:].tolist()  # the forced prefix and what follows it
                 finished.append((hypothesis, score, score / (len(hypothesis) + 1) ** lenpen))
         elif len(keep) < K:
             keep.append((b * K + beam, token, score))
@@ -176,6 +192,8 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
     --compile, which compiles training too)."""
     decoding_kernels()
     decoder = compile_step(model.eval()) if args.compile else eager_decoder(model.eval())
+    prefix = mt_data.encode(tokenizer, [args.prefix])[0] if getattr(args, "prefix", "") else []
+    prefill = model.prefill if getattr(args, "prefill", "parallel") == "parallel" else None  # None: a step a token
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     ids = mt_data.encode(tokenizer, [sentences[i] for i in todo])
     order = sorted(range(len(todo)), key=lambda i: len(ids[i]))  # similar lengths together: less padding
@@ -186,9 +204,10 @@ def translate_sentences(model, tokenizer, sentences: list, args, device, progres
         chunk = order[start: start + args.decode_batch_size]
         src = mt_data.pad([ids[i] for i in chunk]).to(device)
         if args.beam == 1:
-            hyps = greedy_decode(decoder, src, args.max_len_a, args.max_len_b)
+            hyps = greedy_decode(decoder, src, args.max_len_a, args.max_len_b, prefix, prefill)
         else:
-            hyps = [h[0] for h in beam_search(decoder, src, args.beam, args.lenpen, args.max_len_a, args.max_len_b)]
+            hyps = [h[0] for h in beam_search(decoder, src, args.beam, args.lenpen, args.max_len_a, args.max_len_b,
+                                              prefix, prefill)]
         for i, hyp in zip(chunk, hyps):
             out[todo[i]] = mt_data.decode(tokenizer, hyp)
     return out
@@ -337,6 +356,10 @@ def get_args(argv=None):
     p.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--compile", action="store_true", help="run the decoder's step through torch.compile "
                    "(the first batches compile, the rest run faster)")
+    p.add_argument("--prefix", default="", help="target text every translation starts with (an interactive "
+                   "translator's: the decoder reads it after <s>, then goes on)")
+    p.add_argument("--prefill", default="parallel", choices=["parallel", "step"], help="how the decoder reads <s> "
+                   "and --prefix: parallel, in one pass (the model's prefill); step, a step a token (to compare)")
     add_decoding_flags(p)
     return p.parse_args(argv)
 

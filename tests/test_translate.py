@@ -16,6 +16,7 @@ from conftest import (ROOT, SCRIPT_ENV, assert_one_line_error, report, run, step
                       translations_in_process, translator_batch)
 from support import mt_data
 from support.mt_data import EOS_ID, PAD_ID
+from t2r import fold
 
 KINDS = ["softmax", "t2r", "elu", "rfa"]
 
@@ -35,6 +36,28 @@ def test_greedy_recurrent_equals_greedy_recompute(kind):
     recompute = translate.greedy_decode_recompute(model, src, 1.5, 4)
     print(kind, recurrent)
     assert recurrent == recompute and any(len(h) > 2 for h in recurrent)
+
+
+PREFIX = [7, 9, 12]  # token ids a translation is forced to start with
+
+
+@pytest.mark.parametrize("kind", ["softmax", "t2r", "t2r window 2"])
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_forced_prefix_read_in_one_pass_decodes_as_read_by_steps(kind, beam):
+    """--prefix: the decoder reads <s> and the prefix with its prefill (parallel) or a step a token; the translations
+    are the same, each starts with the prefix, and greedy's first token after it is the parallel form's argmax."""
+    model = fold(tiny_translator(kind.split()[0], window=2 if "window" in kind else 0))
+    src = sources()
+    decode = lambda prefill: (translate.greedy_decode(model, src, 1.5, 4, PREFIX, prefill) if beam == 1 else
+                              [h[0] for h in translate.beam_search(model, src, beam, 0.6, 1.5, 4, PREFIX, prefill)])
+    parallel, by_steps = decode(model.prefill), decode(None)
+    print(kind, beam, parallel)
+    assert parallel == by_steps and all(h[:3] == PREFIX for h in parallel)
+    if beam == 1:
+        with torch.no_grad():
+            start = torch.tensor([[mt_data.BOS_ID, *PREFIX]] * src.shape[0])
+            expected = translate.never_emit(model(src, start)[:, -1]).argmax(-1).tolist()
+        assert [h[3] if len(h) > 3 else EOS_ID for h in parallel] == expected
 
 
 @pytest.mark.parametrize("kind, window", [(kind, 0) for kind in KINDS] + [("t2r", 2)],
@@ -159,6 +182,14 @@ def test_a_folder_with_only_model_pt_translates(trained_translator, tmp_path):
     (tmp_path / "model.pt").write_bytes((tmp / STUDENT).read_bytes())  # the documented artifact, alone
     out = run("translate.py", "--ckpt", str(tmp_path / "model.pt"), cwd=tmp_path, stdin="w1 w2\n")
     assert out.stdout.splitlines() == translations_in_process(tmp_path / "model.pt", ["w1 w2"])
+
+
+def test_the_prefix_flag_starts_every_translation_whichever_way_it_is_read(trained_translator):
+    tmp, _, _ = trained_translator
+    outputs = [translations_in_process(tmp / STUDENT, ["w1 w2", "w3"], "--prefix", "w5 w6", "--prefill", prefill)
+               for prefill in ("parallel", "step")]
+    print(outputs)
+    assert outputs[0] == outputs[1] and all(line.startswith("w5 w6") for line in outputs[0])
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="/dev/full (a disk that is always full) is Linux's")
