@@ -12,7 +12,7 @@ from support.checkpoints import load_checkpoint
 from support.fast_step import CapturedStep, compile_step, eager_decoder
 from sru import SRUConfig, SRUppLM
 from support.configs import build_model, config_of
-from support.fla_kernel import FlaLinearAttention, fla_available
+from support.fla_kernel import FlaLinearAttention
 from t2r import Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, fold
 
 

@@ -181,7 +181,8 @@ def test_a_float32_prefill_is_as_close_to_the_float64_truth_as_float32_steps(cas
     assert prefill_error < max(8 * step_error, 1e-5)
 
 
-@pytest.mark.parametrize("case", ["t2r folded", "softmax", "softmax below t2r", "Llama's switches (rotary, grouped heads)"])
+@pytest.mark.parametrize("case", ["t2r folded", "softmax", "softmax below t2r",
+                                  "Llama's switches (rotary, grouped heads)"])
 @pytest.mark.parametrize("precision", ["bf16 weights", "float32 under bf16 autocast"])
 def test_a_bf16_prefill_is_as_close_to_the_float64_truth_as_bf16_steps(case, precision):
     """bf16 keeps 8 significant bits (relative error 4e-3 a rounding): prefill and steps each round otherwise, both

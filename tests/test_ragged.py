@@ -37,7 +37,8 @@ LM_CASES = {  # test_prefill.py's cases (tiny float64 models, chunk_size 4), and
     "softmax (KV cache)": lambda: lm("softmax"),
     "softmax below t2r": lambda: lm("softmax below t2r"),
     "t2r window 3 (last 3 keys and values)": lambda: lm("t2r window"),
-    "t2r window 3, rotary": lambda: tiny_lm("t2r", window=3, **{**LLAMA, "n_kv_head": 0}),  # one key/value head a query's
+    # one key/value head a query's: the window takes no grouped heads
+    "t2r window 3, rotary": lambda: tiny_lm("t2r", window=3, **{**LLAMA, "n_kv_head": 0}),
     "Llama's switches (rotary, grouped heads)": lambda: lm("Llama's switches (rotary, grouped heads)"),
     "Llama's switches, softmax": lambda: lm("Llama's switches, softmax"),
     "Llama's switches, softmax below t2r": lambda: lm("Llama's switches, softmax below t2r"),
@@ -123,7 +124,8 @@ def check_rows_alone(name, prompts, together, alone_of):
                    max((logits[b] - alone_logits).abs().max() for b, (_, alone_logits, _) in enumerate(alones)))
     worst = max(worst, report(f"{name}: ragged batch - each prompt alone, state after", max(
         largest_difference(row(state, b), alone_state) for b, (_, _, alone_state) in enumerate(alones))))
-    assert worst < TIGHT and not other_picks, f"{name}: {', '.join(other_picks) or 'none'} picked other tokens than alone"
+    assert worst < TIGHT and not other_picks, \
+        f"{name}: {', '.join(other_picks) or 'none'} picked other tokens than alone"
 
 
 @pytest.mark.parametrize("case, prefill", combinations(LM_CASES, PREFILLS))
@@ -151,7 +153,8 @@ def test_the_padding_leaves_no_trace(case, prefill):
 # A translator's decoder: sources of different lengths (padded with pad_id, masked), forced target prefixes of
 # different lengths (padded with random ids, never read)
 
-TRANSLATORS = {"t2r folded": lambda: fold(tiny_translator("t2r")), "softmax (KV cache)": lambda: tiny_translator("softmax"),
+TRANSLATORS = {"t2r folded": lambda: fold(tiny_translator("t2r")),
+               "softmax (KV cache)": lambda: tiny_translator("softmax"),
                "elu": lambda: tiny_translator("elu"), "rfa": lambda: tiny_translator("rfa"),
                "t2r window 2": lambda: tiny_translator("t2r", window=2)}
 
