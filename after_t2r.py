@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from decay import DecayingAttention
 from families import FamilyConfig, FamilyLM, GroupedAttention, shared
 from layers.states import full_precision, widened
 from t2r import (Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, convert,
@@ -282,6 +283,7 @@ def attention_transfer(model: nn.Module, *inputs, mask=None):
 @dataclass
 class ConvConfig(Config):
     short_conv: int = 3  # K, the kernel of the depthwise causal convolution before each attention layer
+    decay: bool = False  # and the causal linear layers' state decays (decay.py): the two parts together
 
     def __post_init__(self):
         super().__post_init__()
@@ -349,6 +351,10 @@ class ConvLinearAttention(ConvInput, LinearAttention):
     pass
 
 
+class ConvDecayingAttention(ConvInput, DecayingAttention):
+    pass
+
+
 class ConvLayers:
     """The parts of a model whose causal self-attention reads a short convolution's output (an encoder's and a cross
     attention stay as they are)."""
@@ -358,7 +364,8 @@ class ConvLayers:
             return super().make_attention(kind, causal, feature_size)
         if kind == "softmax":
             return ConvSoftmaxAttention(self.config, causal)
-        return ConvLinearAttention(self.config, causal, kind, feature_size)
+        linear = ConvDecayingAttention if getattr(self.config, "decay", False) else ConvLinearAttention
+        return linear(self.config, causal, kind, feature_size)
 
 
 class ConvLM(ConvLayers, TransformerLM):
@@ -373,8 +380,11 @@ def conv_model(config: ConvConfig):
     return (ConvTranslator if config.n_encoder_layer else ConvLM)(config)
 
 
-def conv_student(kernel: int):
+def conv_student(kernel: int, decay: bool = False):
     """t2r.convert's build= for a student with a short convolution of `kernel` before each causal self-attention,
     new and the identity (at the swap the student computes what it would without it), None for 0: the teacher's
-    class. Its recurrent state keeps the last kernel - 1 inputs of each layer."""
-    return (lambda config: conv_model(ConvConfig(**{**config.to_dict(), "short_conv": kernel}))) if kernel else None
+    class. Its recurrent state keeps the last kernel - 1 inputs of each layer. decay: its linear layers' state decays
+    too (decay.py)."""
+    if not kernel:
+        return None
+    return lambda config: conv_model(ConvConfig(**{**config.to_dict(), "short_conv": kernel, "decay": decay}))

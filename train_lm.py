@@ -25,8 +25,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import conv_student, window_student
-from decay import decay_student
 from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.checkpoints import model_from_checkpoint
@@ -36,7 +34,7 @@ from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_r
                          adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
                          conversion_errors, finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name,
                          needs_teacher, new_model, print_conversion_table, print_flags, processes,
-                         resolve_run_flags, teacher_run_args, trained_on)
+                         resolve_run_flags, student_build, teacher_run_args, trained_on)
 from support.run_files import data_identity, evaluate_finished, open_finished, open_run
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, increasing_ints,
                              non_negative_int, positive_int, run_main, unit_interval, write_json)
@@ -231,10 +229,9 @@ def train_run(args, ddp) -> dict:
 
 def conversion(args) -> dict:
     """t2r.convert's arguments for these flags: the kind and k, the layers kept softmax, the finetuning's dropout,
-    chunks and LayerDrop, and with --window or --short_conv the student of after_t2r.py's that has them."""
+    chunks and LayerDrop, and with --window, --short_conv or --decay the student that has them (student_build)."""
     return dict(attn=args.attn, feature_size=args.feature_size, keep_softmax_every=args.keep_softmax_every,
-                keep_softmax_from=args.keep_softmax_from, **finetuning(args),
-                build=window_student(args.window) or conv_student(args.short_conv) or decay_student(args.decay))
+                keep_softmax_from=args.keep_softmax_from, build=student_build(args), **finetuning(args))
 
 
 # -----------------------------------------------------------------------------

@@ -21,8 +21,6 @@ import os
 import torch
 import torch.nn.functional as F
 
-from after_t2r import conv_student, window_student
-from decay import decay_student
 from support import mt_data
 from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
@@ -31,7 +29,7 @@ from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
                          apply_preset, check_teacher, check_training_fits, finetuning, load_teacher, meta_twin,
                          model_name, needs_teacher, new_model, print_conversion_table, print_flags, processes,
-                         resolve_run_flags, teacher_run_args, trained_on)
+                         resolve_run_flags, student_build, teacher_run_args, trained_on)
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              non_negative_int, positive_int, run_main)
@@ -264,10 +262,9 @@ def train_run(args, ddp) -> dict:
 
 def conversion(args) -> dict:
     """t2r.convert's arguments for these flags: the kind, the causal and cross k, the finetuning's dropout and chunks,
-    and with --window or --short_conv the student of after_t2r.py's that has them (in the decoder's self-attention)."""
+    and with --window, --short_conv or --decay the student that has them (student_build: the decoder's layers)."""
     return dict(attn=args.attn, feature_size=args.feature_size, cross_feature_size=args.cross_feature_size,
-                build=window_student(args.window) or conv_student(args.short_conv) or decay_student(args.decay),
-                **finetuning(args))
+                build=student_build(args), **finetuning(args))
 
 
 def load_translator_teacher(args):

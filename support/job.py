@@ -14,6 +14,8 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from after_t2r import conv_student, window_student
+from decay import decay_student
 from support.checkpoints import load_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.hf import is_hf
@@ -184,9 +186,9 @@ def check_conversion_flags(args, parser):
         parser.error("--transfer_steps trains the feature maps of a converted model: add --init pretrained")
     if "transfer_lr" in args.explicit and not args.transfer_steps:
         parser.error("--transfer_lr is the learning rate of the transfer stage: add --transfer_steps")
-    if sum(map(bool, (args.short_conv, args.window, args.decay))) > 1:
-        parser.error("--short_conv, --window and --decay each make the model's layers (after_t2r.py, decay.py): "
-                     "use one of them")
+    if args.window and (args.short_conv or args.decay):
+        parser.error(f"--window and --{'short_conv' if args.short_conv else 'decay'} each make the model's layers "
+                     f"(after_t2r.py, decay.py): use one of them")
     if args.decay and args.attn == "softmax":
         parser.error("--decay makes a linear attention's state decay: pass --attn t2r, elu or rfa")
     if args.decay and args.init == "pretrained" and is_hf(args.pretrained or ""):
@@ -305,6 +307,12 @@ def needs_teacher(args) -> bool:
     """--init pretrained without --pretrained and without a finished default teacher: it is trained first."""
     return (args.init == "pretrained" and not (args.resume or args.eval_only) and "pretrained" not in args.explicit
             and not os.path.isfile(args.pretrained))
+
+
+def student_build(args):
+    """t2r.convert's build= for these flags: the window hybrid's student, a short convolution's (its state decaying
+    or not), a decaying state's, or None (the teacher's class): after_t2r.py's and decay.py's."""
+    return window_student(args.window) or conv_student(args.short_conv, args.decay) or decay_student(args.decay)
 
 
 def finetuning(args) -> dict:

@@ -144,9 +144,34 @@ def test_the_trainers_convert_to_a_decaying_state(tmp_path, script):
 
 
 @pytest.mark.parametrize("flags, message", [
-    ("--init pretrained --decay --window 8", "--short_conv, --window and --decay each make the model's layers"),
+    ("--init pretrained --decay --window 8", "--window and --decay each make the model's layers"),
     ("--decay --attn softmax", "--decay makes a linear attention's state decay")])
 def test_decay_flags_are_refused_where_they_cannot_work(capsys, flags, message):
     import train_lm
     from conftest import assert_flags_refused
     assert_flags_refused(train_lm.get_args, flags.split(), message, capsys)
+
+
+def test_a_short_convolution_and_a_decaying_state_go_together():
+    """--short_conv with --decay: each causal linear layer reads the convolution's output and its state decays; the
+    steps and prefill of that student equal its parallel form, and the new tensors are the gates and convolutions."""
+    from after_t2r import ConvDecayingAttention, ShortConv, conv_student
+    teacher = make(TransformerLM, lm_config())
+    torch.manual_seed(1)
+    student = convert(teacher, "t2r", build=conv_student(3, decay=True)).double().eval()
+    with torch.no_grad():
+        for name, p in student.named_parameters():
+            if name.endswith(("gate_bias", "conv.weight")):
+                p.normal_(std=0.5)  # off the identity and the start
+    assert all(isinstance(layer.self_attn, ConvDecayingAttention) for layer in student.layers)
+    assert {n.split(".", 3)[-1] for n in new_tensors(student)} >= {"gate_bias", "conv.weight", "conv.bias"}
+    tokens = torch.randint(0, 37, (2, 11))
+    with torch.no_grad():
+        parallel = student(tokens)
+    state = student.init_state(2)
+    logits, state = student.prefill(tokens[:, :6], state)
+    stepped = torch.stack([student.step(tokens[:, t], state)[0] for t in range(6, 11)], 1)
+    diff = max((logits - parallel[:, 5]).abs().max().item(), (stepped - parallel[:, 6:]).abs().max().item())
+    assert report("convolution and decaying state: prefill 6, 5 steps - parallel", diff) < TIGHT
+    assert type(build_model(student.config.to_dict())) is type(student)
+    assert any(isinstance(m, ShortConv) for m in student.modules())
