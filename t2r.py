@@ -581,17 +581,24 @@ def prefill_by_steps(model, tokens, state, chunk: int = 0):
 # Swap then finetune (section 2.2)
 
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
-            cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None, **changes) -> TransformerBase:
+            cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None, keep_softmax_layers=(),
+            **changes) -> TransformerBase:
     """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
     feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
     (section 3.2). Finetune the result. changes: other fields of the student's config (the finetuning's dropout).
-    build(config) makes the student, of the teacher's class if None: the seam for what came after T2R (after_t2r.py)."""
+    build(config) makes the student, of the teacher's class if None: the seam for what came after T2R (after_t2r.py).
+    keep_softmax_layers: layers (0 the bottom one) kept softmax besides keep_softmax_every's: the seam for layers
+    chosen otherwise (support/choose_layers.py ranks them by data)."""
     config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
     if set(config.layer_kinds()) != {"softmax"} or (is_seq2seq and config.cross_attn != "softmax"):
         raise ValueError("this model is already converted: convert starts from a softmax transformer")
-    new_config = replace(config, attn=converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from),
+    if not set(keep_softmax_layers) <= set(range(config.n_layer)):
+        raise ValueError(f"keep_softmax_layers={sorted(keep_softmax_layers)}: the layers are 0 to {config.n_layer - 1}")
+    kinds = converted_kinds(config.n_layer, attn, keep_softmax_every, keep_softmax_from)
+    kinds = ["softmax" if i in keep_softmax_layers else kind for i, kind in enumerate(kinds)]
+    new_config = replace(config, attn=kinds,
                          feature_size=feature_size or (4 if is_seq2seq else 32), cross_feature_size=cross_feature_size,
                          cross_attn=attn if is_seq2seq else config.cross_attn, **changes)
     student = (build or type(model))(new_config)
