@@ -435,12 +435,12 @@ def test_config_saves_as_a_plain_dict(tmp_path):
     assert t2r.Config(**torch.load(tmp_path / "config.pt", weights_only=True)) == config
 
 
-@pytest.mark.parametrize("layers, kinds", [((0,), ["softmax", "t2r"]), ((1,), ["t2r", "softmax"]), ((), ["t2r", "t2r"])])
+@pytest.mark.parametrize("layers, kinds", [((0,), ["softmax", "t2r"]), ((1,), ["t2r", "softmax"]),
+                                           ((), ["t2r", "t2r"])])
 def test_convert_keeps_the_layers_it_is_given_softmax(layers, kinds):
-    """keep_softmax_layers (0: the bottom layer): the seam for layers chosen by data; each kept layer is the
-    teacher's own softmax layer, its output the teacher's."""
+    """keep_softmax_layers (0: the bottom layer): the seam for layers chosen by data; out of range: refused."""
     teacher = make(TransformerLM, lm_config("softmax"))
-    student = convert(teacher, "t2r", feature_size=6, keep_softmax_layers=layers)
+    student = t2r.convert(teacher, "t2r", feature_size=6, keep_softmax_layers=layers)
     assert student.config.layer_kinds() == kinds
     with pytest.raises(ValueError, match="the layers are 0 to 1"):
-        convert(teacher, "t2r", keep_softmax_layers=(2,))
+        t2r.convert(teacher, "t2r", keep_softmax_layers=(2,))
