@@ -29,6 +29,7 @@ from sru import SRUConfig, SRUppLM
 from support import data, hf
 from support.checkpoints import model_from_checkpoint
 from support.configs import build_model, config_of, feature_sizes
+from support.choose_layers import chosen_softmax_layers
 from support.distill import DistilledFrom
 from support.job import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
                          adopt_saved_run, announce_conversion, apply_preset, check_teacher, check_training_fits,
@@ -208,7 +209,8 @@ def train_run(args, ddp) -> dict:
         teacher = load_lm_teacher(args, task)
         with conversion_errors(args):  # one line for what the teacher refuses (--keep_softmax_every past its layers)
             check_training_fits(task, lambda: convert(meta_twin(teacher), **conversion(args)))  # its shapes first
-            model = convert(teacher, **conversion(args))
+            kept = chosen_softmax_layers(teacher, task, conversion(args), args.keep_softmax) if args.keep_softmax else ()
+            model = convert(teacher, **conversion(args), keep_softmax_layers=kept)  # kept: layers chosen by data
         announce_conversion(model, args)
     elif args.arch == "sru++":  # SRU++ (sru.py), from random initialisation
         model = new_model(task, SRUppLM, sru_config, task.data.vocab_size)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from support import mt_data
 from support.checkpoints import model_from_checkpoint, read_checked, save_checkpoint
 from support.configs import build_model, config_of, feature_sizes
+from support.choose_layers import chosen_softmax_layers
 from support.distill import DistilledFrom
 from support.inference import inference_model
 from support.job import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, announce_conversion,
@@ -243,7 +244,8 @@ def train_run(args, ddp) -> dict:
     elif args.init == "pretrained":  # section 2.2: the decoder's attention swapped (causal k=4, cross k=32)
         teacher = task.take_teacher()
         check_training_fits(task, lambda: convert(meta_twin(teacher), **conversion(args)))  # its shapes first
-        model = convert(teacher, **conversion(args))
+        kept = chosen_softmax_layers(teacher, task, conversion(args), args.keep_softmax) if args.keep_softmax else ()
+        model = convert(teacher, **conversion(args), keep_softmax_layers=kept)  # kept: layers chosen by data
         announce_conversion(model, args)
     else:  # random initialisation
         model = new_model(task, build_model, model_config, task.tokenizer.get_vocab_size())

@@ -68,6 +68,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 (t2r), --max_steps 600, --lr 1e-3")
     g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
+    g.add_argument("--keep_softmax", type=non_negative_int, default=0, help="with --init pretrained: keep softmax the N (decoder) layers whose restoration alone lowers a short distillation loss most, the ranking printed and saved in softmax_layers.json (support/choose_layers.py; 0: none)")
     g.add_argument("--distill_weight", type=unit_interval, default=0.0, help="with --init pretrained: the finetuning's loss is (1 - w) the task's + w KL(teacher || student) of the next token's distribution, the softmax teacher frozen beside the student (support/distill.py; 0: off)")
     g = p.add_argument_group("training")
     r, f = schedules["random"], schedules["pretrained"]
@@ -195,6 +196,11 @@ def check_conversion_flags(args, parser):
         parser.error("--decay converts a model of t2r.py's: a Hugging Face family's layers take none yet")
     if args.short_conv and args.init == "pretrained" and is_hf(args.pretrained or ""):
         parser.error("--short_conv converts a model of t2r.py's: a Hugging Face family's layers take none yet")
+    if args.keep_softmax and (args.init != "pretrained" or args.attn == "softmax"):
+        parser.error("--keep_softmax keeps some of a converted model's layers softmax: add --init pretrained and "
+                     "--attn t2r, elu or rfa")
+    if args.keep_softmax and getattr(args, "keep_softmax_every", 0):
+        parser.error("--keep_softmax chooses the layers by data, --keep_softmax_every every n-th: use one")
     if args.distill_weight and args.init != "pretrained":
         parser.error("--distill_weight distils the softmax teacher a conversion starts from: add --init pretrained")
     if args.attn == "softmax" and (args.transfer_steps or args.window):
@@ -421,7 +427,7 @@ def teacher_run_args(args, schedules: dict, overrides: dict):
     teacher.lr = args.lr * schedules["random"]["lr"] / schedules["pretrained"]["lr"]
     teacher.stop_at, teacher.eval_only, teacher.explicit = None, False, set()
     teacher.transfer_steps, teacher.window, teacher.distill_weight, teacher.short_conv = 0, 0, 0.0, 0
-    teacher.decay = False
+    teacher.decay, teacher.keep_softmax = False, 0
     teacher.resume = os.path.exists(os.path.join(teacher.out_dir, "ckpt.pt"))
     vars(teacher).update(overrides)
     if teacher.resume:
@@ -441,7 +447,7 @@ def ignored_by_checkpoint(args) -> set:
 # The flags that shape the conversion, not the softmax teacher: a teacher trained first may differ in them
 CONVERSION_ONLY = {"feature_size", "cross_feature_size", "chunk_size", "window", "keep_softmax_every",
                    "keep_softmax_from", "freeze_feature_map", "pretrained", "transfer_steps", "transfer_lr",
-                   "distill_weight", "short_conv", "decay"}
+                   "distill_weight", "short_conv", "decay", "keep_softmax"}
 
 
 def check_unfinished_teacher(teacher):
@@ -497,6 +503,8 @@ def model_name(args) -> str:
     steps = (["transfer"] if args.transfer_steps else []) + ([f"window{args.window}"] if args.window else [])
     if getattr(args, "keep_softmax_every", 0):  # the layers left softmax (a language model's option)
         steps.append(f"keep{args.keep_softmax_every}" + ("top" if args.keep_softmax_from == "top" else ""))
+    if getattr(args, "keep_softmax", 0):  # layers kept softmax, chosen by data (support/choose_layers.py)
+        steps.append(f"chosen{args.keep_softmax}")
     if getattr(args, "decay", False):  # a decaying state (decay.py)
         steps.append("decay")
     if getattr(args, "short_conv", 0):  # a short convolution before each causal self-attention (after_t2r.py)
