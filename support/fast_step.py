@@ -85,7 +85,8 @@ class FlatStep:
     """init_state and step of a t2r.py model, giving its step's logits (tests/test_step.py: within 1e-12 in float64),
     with the layers' parts called as plain functions and the linear attention's step fused (above). Why: at batch 1 on
     a CPU each module call costs microseconds, as much as a small layer's arithmetic, and t2r.py's step, written to be
-    read, makes about ten a layer; unrolled, a token takes about 14% less time at batch 1 (results/measurements.md).
+    read, makes about ten a layer; unrolled and fused, a token takes 0.79 of its time at batch 1 on the default LM
+    (results/measurements.md).
     Unrolled: torch's LayerNorm, Linear and ReLU (the MLP, the head) and t2r.py's multi-head softmax and linear
     attention, self and cross; the embedding and any other attention module (MQAR's convolution, bench.py's floors)
     run as modules. Build it from the model as it will decode (folded, on its device, in its dtype): it reads the
