@@ -132,7 +132,8 @@ def bench_prefill(args, rows):
     shape (random weights) in one batched forward with its cache, the last position's logits: its generate()'s
     prefill. The median of --gen_repeats, after a warm-up."""
     c = lm_config(args)
-    twin = transformers_twin("gpt2", c.vocab_size, c.n_layer, c.d_model, c.n_head, c.d_ff, max(args.lengths) + 1)
+    twin = None if args.quick else transformers_twin("gpt2", c.vocab_size, c.n_layer, c.d_model, c.n_head, c.d_ff,
+                                                     max(args.lengths) + 1)  # --quick: the pipeline, not the baseline
     timed = {}
     for name in ("softmax_kv", "t2r32"):
         model = plain_lm(name, args)

@@ -39,6 +39,17 @@ def test_quick_writes_under_out_not_results(quick_run):
     assert "wrote out/bench-quick/bench.csv, bench.md" in stdout
 
 
+def test_quick_measures_the_first_token_by_prefill_and_by_steps(quick_run):
+    """The prefill section: the time to the first token of each model at each length, read in one pass and a step a
+    token (--quick leaves out the transformers baseline, which experiments/first_token.py's test builds)."""
+    cwd, _, rows, _ = quick_run
+    prefill = {(r["model"], int(r["length"])) for r in rows
+               if r["section"] == "prefill" and r["metric"] == "first_token_ms"}
+    models = {"softmax_kv", "softmax_kv_by_steps", "t2r32", "t2r32_by_steps"}
+    assert prefill == {(m, L) for m in models for L in (8, 16)}
+    assert "## Prefill: the time to the first token, batch 1" in (cwd / "out/bench-quick/bench.md").read_text()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_quick_run_on_cuda_in_bf16(tmp_path):
     """Every CUDA path of bench.py: bf16 generation, the CUDA graph, pairs, capacity, training under autocast."""
