@@ -21,8 +21,8 @@ but the window hybrid (its model class has none) and SRU++ (its own architecture
 fixed sequences at 4 to 64 pairs, and its state measured after each length: results/mqar.csv, results/mqar.png. A
 finished run's results.json, config.json (the model's, from its checkpoint), args.json (the loop's flags: train_lm.py's,
 whose --attn and --pretrained defaults do not describe the model) and machine.json are kept in results/runs/mqar/ (a
-new machine reads them, trains nothing, and rebuilds the committed table: a table that comes out the same keeps the
-machine and date it was made on in results/mqar.json).
+new machine reads them, trains nothing, and rebuilds the committed table; results/mqar.json says where and when the
+runs trained, from their machine.json).
 
 The data differs from Zoology's generator in two ways: the queries sit at uniformly random positions after the pairs
 (Zoology draws their gaps from a power law), and the other positions hold random values, never keys (a random key
@@ -313,11 +313,18 @@ def copy_files(source: str, target: str):
                 out.write(f.read())
 
 
-def read_bytes(path: str) -> bytes | None:
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        return f.read()
+def where_trained(runs: list, out_dir: str, records: str | None) -> dict:
+    """What the runs' machine.json say (out_dir's, else the record's): their machines, their thread counts (runs at
+    each), their first and last dates and torch versions."""
+    places = [place for place in (out_dir, records) if place]
+    kept = [next((m for m in (read(os.path.join(folder_of(run, p), "machine.json")) for p in places) if m), {})
+            for run in runs]
+    known = [m for m in kept if m]
+    threads = sorted({m.get("threads") for m in known} - {None})
+    dates = sorted(m["date"] for m in known if "date" in m)
+    return {"runs": len(runs), "recorded": len(known), "devices": sorted({m.get("device", "?") for m in known}),
+            "threads": {str(t): sum(m.get("threads") == t for m in known) for t in threads},
+            "dates": [dates[0], dates[-1]] if dates else [], "torch": sorted({m.get("torch", "?") for m in known})}
 
 
 def folder_of(run: Run, out_dir: str) -> str:
@@ -437,18 +444,14 @@ def main(argv=None):
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
                         size["transfer_steps"] if run.transfer else 0, size["lr"])
     rows = select_rates(rows)
-    table_was = read_bytes(args.csv)
     write_csv(args.csv, rows, COLUMNS)
-    # where and when, for the figure's foot and the results page: the minutes are the runs' training, summed. A
-    # table rebuilt the same from the runs (a new checkout's, from the records) keeps the machine and date it was
-    # made on: no number is new
+    # where and when, for the figure's foot and the results page: the runs' own records (the machines, threads and
+    # dates they trained on), their training minutes summed; the same again from the same records, wherever rebuilt
     command = "python -m experiments.mqar" + (" --quick" if args.quick else "")
     minutes = {r["run"]: r["train_minutes"] for r in rows}  # once a run: its transfer's and sweep rows repeat it
-    where_path = os.path.splitext(args.csv)[0] + ".json"
-    where = read(where_path) if table_was == read_bytes(args.csv) else {}
-    if where.get("command") != command:
-        where = {**machine(), "command": command, "train_minutes": round(sum(minutes.values()), 1)}
-        write_json(where_path, where)
+    where = {"command": command, "train_minutes": round(sum(minutes.values()), 1),
+             **where_trained(runs, args.out_dir, args.records)}
+    write_json(os.path.splitext(args.csv)[0] + ".json", where)
     figure = os.path.splitext(args.csv)[0] + ".png"
     try:  # matplotlib is imported as the figure is drawn
         plot_mqar([r for r in rows if r["selected"]], mqar_provenance(where).replace("`", ""), figure)

@@ -55,5 +55,12 @@ def mqar_provenance(where: dict) -> str:
     figure, the summary)."""
     if not where:
         return "an unrecorded command on an unrecorded machine (no mqar.json)"
-    return (f"`{where['command']}` on {where['device']}, {count(where['threads'], 'thread')}, torch "
-            f"{where['torch']}, {where['date']} ({where['train_minutes']:.0f} minutes of training)")
+    if "runs" not in where:  # an mqar.json before the runs' own records were read: the machine that rebuilt the table
+        return (f"`{where['command']}` on {where['device']}, {count(where['threads'], 'thread')}, torch "
+                f"{where['torch']}, {where['date']} ({where['train_minutes']:.0f} minutes of training)")
+    threads = ", ".join(f"{count(n, 'run')} at {count(int(t), 'thread')}" for t, n in where["threads"].items())
+    dates = " to ".join(dict.fromkeys(where["dates"])) or "undated"
+    unrecorded = where["runs"] - where["recorded"]
+    return (f"`{where['command']}`: {count(where['runs'], 'run')} on {'; '.join(where['devices'])} ({threads}"
+            + (f"; {unrecorded} unrecorded" if unrecorded else "") + f"), torch {', '.join(where['torch'])}, "
+            f"{dates} ({where['train_minutes']:.0f} minutes of training)")
