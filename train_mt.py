@@ -257,7 +257,7 @@ def train_run(args, ddp) -> dict:
     if args.transfer_steps:  # attention transfer first (after_t2r.py), a stage of its own: support/transfer.py
         task = TransferFirst(task, checkpoint)
     results = train(task, model, checkpoint)
-    if args.init == "pretrained" and not args.resume:
+    if args.init == "pretrained":  # a resumed conversion's too (--eval_only returned above)
         print_conversion_table(MTTask, args, ddp, teacher_results, results, default_out_dir)
     return results
 

@@ -380,8 +380,10 @@ def print_conversion_table(task_class, args, ddp, teacher_results, results, defa
                            + ([(f"{control['attn']} (control)", control)] if control else [])
                            + [(results["attn"], results)])
     if args.attn != "softmax":  # a briefly trained teacher, or one new to the data, gains from the steps alone
+        command = (f"the command that started this run, with --attn softmax --out_dir {control_dir}" if args.resume
+                   else control_command(args, control_dir))  # a resumed run knows its flags, not which were given
         fair = (f"{control['attn']} (control), finetuned as long ({control_dir})" if control else
-                f"the softmax control finetuned as long: {control_command(args, control_dir)}")
+                f"the softmax control finetuned as long: {command}")
         print(f"\n{name} is the teacher before finetuning, which finetuning alone improves too; the fair comparison "
               f"is {fair}")
 

@@ -90,6 +90,24 @@ def test_the_conversion_table_gives_the_softmax_controls_command_then_its_row(ru
     assert "the fair comparison is softmax+pretrain (control)" in converted_again.stdout.strip().splitlines()[-1]
 
 
+def test_a_resumed_conversion_ends_with_its_table_and_the_control_line(run_here, trained, tmp_path):
+    """A conversion stopped and continued with --resume prints the table and the line on the teacher's row as one
+    run straight through does (it printed neither); the control's command is the run's own, which a resumed run
+    cannot tell from its defaults: said so."""
+    tmp, corpus = trained
+    flags = ["--init", "pretrained", "--pretrained", str(tmp / "out/tiny-softmax-random/model.pt"), "--dataset", corpus,
+             "--max_steps", "4", *TINY, "--out_dir", "split"]
+    assert run_here("train_lm.py", *flags, "--stop_at", "2", cwd=tmp_path).returncode == 0
+    resumed = run_here("train_lm.py", "--resume", "--out_dir", "split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    lines = resumed.stdout.strip().splitlines()
+    print("\n".join(lines[-5:]))
+    assert any(line.startswith("| softmax (pretrained) |") for line in lines)
+    assert lines[-3].startswith("| t2r+pretrain |")
+    assert lines[-1].endswith("the softmax control finetuned as long: the command that started this run, with --attn "
+                              "softmax --out_dir tiny-softmax-pretrained")  # beside the run's folder
+
+
 def final_state(path):
     checkpoint = torch.load(path, weights_only=True)
     return checkpoint["model"], checkpoint["optimizer"]["state"]
