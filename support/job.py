@@ -358,8 +358,9 @@ def announce_conversion(model, args):
         return
     causal, cross = feature_sizes(model.config)
     new = sum(p.numel() for name, p in model.named_parameters() if name in new_tensors(model))
-    added = {"t2r": "feature maps", "rfa": "random projections"}.get(args.attn, "")
-    added = " and ".join(filter(None, (added if new else "", "window gates" if args.window else "")))
+    parts = ({"t2r": "feature maps", "rfa": "random projections"}.get(args.attn, ""), "window gates" if args.window else "",
+             "convolutions" if getattr(args, "short_conv", 0) else "", "decay gates" if getattr(args, "decay", 0) else "")
+    added = ", ".join(filter(None, parts))
     print(f"converted {args.pretrained} to {args.attn}: causal k={causal}" + (f", cross k={cross}" if cross else "")
           + (f", softmax window {args.window}" if args.window else "")
           + (f"; new parameters: {added} only ({new:,})" if new else "; no new parameters"))

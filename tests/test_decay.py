@@ -135,6 +135,7 @@ def test_the_trainers_convert_to_a_decaying_state(tmp_path, script):
     result = run_in_process(script, "--init", "pretrained", "--dataset", corpus, *(TINY if lm else MT_TINY),
                             "--max_steps", "4", "--decay", "--out_dir", "student", cwd=tmp_path, check=True)
     assert "| t2r+decay+pretrain |" in result.stdout
+    assert "new parameters: feature maps, decay gates only" in result.stdout
     student = torch.load(tmp_path / "student/model.pt", weights_only=True)
     assert student["config"]["decay"] is True and "layers.0.self_attn.gate_bias" in student["model"]
     if lm:

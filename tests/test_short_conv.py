@@ -144,6 +144,7 @@ def test_the_trainers_convert_with_a_short_convolution(tmp_path, script):
     result = run_in_process(script, "--init", "pretrained", "--dataset", corpus, *(TINY if lm else MT_TINY),
                             "--max_steps", "4", "--short_conv", "3", "--out_dir", "student", cwd=tmp_path, check=True)
     assert "| t2r+conv3+pretrain |" in result.stdout
+    assert "new parameters: feature maps, convolutions only" in result.stdout
     teacher = torch.load(next(tmp_path.glob("out/*softmax-random/model.pt")), weights_only=True)
     student = torch.load(tmp_path / "student/model.pt", weights_only=True)
     assert "short_conv" not in teacher["config"] and student["config"]["short_conv"] == 3
