@@ -602,9 +602,9 @@ def test_students_t_two_sided_p_is_the_tables(t, df, p):
     assert abs(verdicts.student_t_two_sided(t, df) - p) < 1e-5
 
 
-def test_welch_on_the_studys_runs_is_what_the_review_computed():
+def test_welch_on_the_studys_runs_gives_the_pages_numbers():
     """The equal-budget runs at 1x (results/lm_ptb.csv): T2R + pretrain's two seeds of one teacher against T2R from
-    scratch's three: Welch t 2.43, df 2.5, two-sided p 0.11, as the issue's review found."""
+    scratch's three: Welch t 2.43, df 2.5, two-sided p 0.11, the numbers the results page gives."""
     conversions, scratch = [136.3934, 135.0723], [133.3594, 134.6771, 132.5650]
     t, df, p = verdicts.welch(conversions, scratch)
     assert (round(t, 2), round(df, 1), round(p, 2)) == (2.43, 2.5, 0.11)
