@@ -27,16 +27,20 @@ CONVERGED = 0.01  # converged: the last fifth of the run lowered the best valida
 SEPARATED = 0.05  # two arms apart: Welch's two-sided p below this, and the permutation p the smallest possible
 MUCH_CLOSER = 0.5  # "much closer" (Fig. 5), as set before its runs: the distance at least halved at every k
 MOST_OF_THE_GAP = 0.5  # "closes most of the gap" (the 75% hybrid), as set before its runs
+NEAR_CONTROL = 0.02  # since T2R: an all-linear conversion "within 2% of the softmax control" (issue 63's line)
+MQAR_RECALL = 0.95  # since T2R: "recalls at least 0.95" at 64 pairs (issue 63's line)
 
 THRESHOLDS = dict(STRONG=STRONG, SIGNIFICANT=SIGNIFICANT, COMPARABLE_BLEU=COMPARABLE_BLEU,
                   FEATURE_MARGIN=FEATURE_MARGIN, SINGLE_RUN_NOISE=SINGLE_RUN_NOISE, CONVERGED=CONVERGED,
-                  SEPARATED=SEPARATED, MUCH_CLOSER=MUCH_CLOSER, MOST_OF_THE_GAP=MOST_OF_THE_GAP)
+                  SEPARATED=SEPARATED, MUCH_CLOSER=MUCH_CLOSER, MOST_OF_THE_GAP=MOST_OF_THE_GAP,
+                  NEAR_CONTROL=NEAR_CONTROL, MQAR_RECALL=MQAR_RECALL)
 
 # When the runs each group of checks reads finished (the dates of their results/runs/*/machine.json; bench.csv's
 # header for Fig. 2). A rule committed before that date was set before its numbers were known.
 LM_RUNS = "2026-11-24"  # Table 1's models, Figs. 4-6's sweep and attention analysis (second edition)
 MT_RUNS = "2026-11-24"  # Table 2's translators
-BENCH_RUNS = "2026-11-24 and 2026-11-25"  # bench.py on the translators (5599d11, then cfc21bf, which the page reads)
+BENCH_RUNS = "2026-11-24 and 2026-11-25"
+SINCE_RUNS = "2026-11-28 (the first seed of five recipes before: their numbers not judged), then 2026-11-28 on"  # bench.py on the translators (5599d11, then cfc21bf, which the page reads)
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ P = "experiments.claims."  # the judges' modules
 A = "experiments.claims_attention."
 V = "experiments.verdicts."
 R = "experiments.rules."
+S = "experiments.since_t2r."
 
 RULES = [
     # ---- Table 1
@@ -210,6 +215,22 @@ RULES = [
          "teacher",
          (V + "two_arms", V + "welch", V + "exact_permutation_p"), ("SEPARATED",), "c0016fe", "2026-11-28",
          "not yet run", True, "2bd26704d36a"),
+    # ---- Since T2R (results/since_t2r.md): set before the runs they judge but the five first-look runs
+    Rule("since-near-control", r"an all-linear conversion within 2% of the softmax control",
+         f"an all-linear recipe's mean test perplexity over its seeds at most {NEAR_CONTROL:.0%} above the mean of "
+         "the softmax control finetuned from the same teacher as long", (S + "near_control",), ("NEAR_CONTROL",),
+         "pending", "2026-11-28", SINCE_RUNS, True, "7878a3faafb2"),
+    Rule("since-part-helps", r"a part added to T2R lowers its perplexity",
+         "the two-arms rule over the seeds: every run of one recipe beyond every run of the other and Welch's "
+         f"two-sided p below {SEPARATED}; within noise otherwise", (S + "part_helps", V + "two_arms"),
+         ("SEPARATED",), "pending", "2026-11-28", SINCE_RUNS, True, "74f6416d6299"),
+    Rule("since-chosen-layers", r"the softmax layers chosen by data beat every-k-th",
+         "where the ranking keeps the layers every-k-th keeps, the same model: no verdict; otherwise the two-arms "
+         "rule over the seeds", (S + "chosen_beats_every_kth", V + "two_arms"), ("SEPARATED",), "pending",
+         "2026-11-28", SINCE_RUNS, True, "6f2a592d8dfd"),
+    Rule("since-mqar-recall", r"an all-linear k = 32 conversion recalls at 64 pairs",
+         f"its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",), ("MQAR_RECALL",), "pending",
+         "2026-11-28", "not yet run", True, "23fd5ce71339"),
     Rule("teacher-converged", r"the language-model teacher",
          f"the last fifth of its run lowered its best validation perplexity by less than {CONVERGED:.0%}",
          (P + "plateau_gain",), ("CONVERGED",), "4ec76e2", "2026-11-23", LM_RUNS, True, "54b981829b10"),
