@@ -44,6 +44,9 @@ import torch
 
 import train_lm
 from support.checkpoints import load_checkpoint, model_from_checkpoint
+from support.choose_layers import chosen_softmax_layers
+from support.distill import DistilledFrom
+from support.job import finetuning, trained_on
 from support.run_files import open_run
 from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
@@ -55,14 +58,14 @@ from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
 from layers.states import state_bytes
 from after_t2r import ConvConfig, ConvLM, convert_to_window
-from t2r import Config, TransformerLM
+from t2r import Config, TransformerLM, convert
 
 PAIRS = (4, 8, 16, 32, 64)  # key-value pairs per sequence; each is asked for once
 VOCAB = 256  # keys from 0..127, values from 128..255
 COLUMNS = ["model", "run", "lr", "conv", "selected", "pairs", "length", "accuracy", "state_bytes", "steps",
            "valid_loss", "train_minutes"]
 RECORDS = os.path.join("results", "runs", "mqar")  # each finished run's KEPT files
-KEPT = ("results.json", "config.json", "args.json", "machine.json")
+KEPT = ("results.json", "config.json", "args.json", "machine.json", "softmax_layers.json")
 
 
 def length_for(pairs: int) -> int:
@@ -126,6 +129,8 @@ class Run:
     conv: bool = False  # a short convolution before each attention layer (after_t2r.ConvLM)
     lr: float = 0.0  # its peak learning rate; 0: the size's, the teacher's
     model: str = ""  # its row in the tables: the runs of one learning-rate sweep share it (default: the name)
+    parts: tuple = ()  # a conversion's train_lm.py flags since T2R (--decay, --short_conv K, --distill_weight W,
+    # --keep_softmax N, --keep_softmax_every N): converted as train_lm.py converts (experiments/since_t2r.py's runs)
 
     def __post_init__(self):
         self.model = self.model or self.name
@@ -178,6 +183,11 @@ class MQARTask(Task):
     def identity(self):
         return {"data": fingerprint(f"mqar {VOCAB} {PAIRS} {[length_for(n) for n in PAIRS]}")}
 
+    BATCH_FLAGS = "--batch_size"
+
+    def tokens_per_step(self):  # the same at every length (batch): what the memory check reads
+        return self.args.batch_size * length_for(PAIRS[0])
+
     lr = train_lm.LMTask.lr  # the language model's warmup and cosine decay
     objective = train_lm.LMTask.objective  # its cross-entropy, which skips the -100 targets: only queries count
 
@@ -216,6 +226,7 @@ def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> 
         flags += ["--init", "pretrained", "--pretrained", teacher]
     if run.transfer:
         flags += ["--transfer_steps", str(size["transfer_steps"])]
+    flags += [str(part) for part in run.parts]
     args = train_lm.get_args(flags + (["--resume"] if resume else []))
     args.curriculum = curriculum_of(run, size)  # not a flag of train_lm.py's: kept in args.json beside them
     return args
@@ -225,15 +236,20 @@ def curriculum_of(run: Run, size: dict) -> int:  # the first steps on the shorte
     return 0 if run.converted else size["curriculum"]
 
 
-def make_model(run: Run, size: dict, checkpoint, args):
+def make_model(run: Run, size: dict, checkpoint, args, task):
     torch.manual_seed(1337)
     if checkpoint is not None:
         return model_from_checkpoint(checkpoint)
     if run.arch == "sru++":
         return SRUppLM(SRUConfig(vocab_size=VOCAB, n_layer=size["n_layer"], d_model=size["d_model"], dropout=0.0))
+    if run.converted and run.parts and args.attn == "softmax":  # a control: the teacher trained on unchanged, as train_lm.py does
+        return trained_on(load_teacher(args), finetuning(args))
+    if run.converted and run.parts:  # the parts since T2R: as train_lm.py converts (its layers chosen by data too)
+        teacher, conversion = load_teacher(args), train_lm.conversion(args)
+        kept = chosen_softmax_layers(teacher, task, conversion, args.keep_softmax) if args.keep_softmax else ()
+        return convert(teacher, **conversion, keep_softmax_layers=kept)
     if run.converted:  # a ConvLM teacher gives a ConvLM student, its convolutions copied
-        teacher = model_from_checkpoint(load_checkpoint(args.pretrained, "MQAR teacher"))
-        return convert_to_window(teacher, run.window, "t2r", feature_size=run.k)  # window 0: t2r.convert
+        return convert_to_window(load_teacher(args), run.window, "t2r", feature_size=run.k)  # window 0: t2r.convert
     fields = dict(vocab_size=VOCAB, n_layer=size["n_layer"], n_head=size["n_head"], d_model=size["d_model"],
                   d_ff=2 * size["d_model"], dropout=0.0, attn=run.attn, feature_size=run.k or 32)
     if run.conv:
@@ -241,27 +257,35 @@ def make_model(run: Run, size: dict, checkpoint, args):
     return TransformerLM(Config(**fields))
 
 
-def train_run(run: Run, size: dict, out_dir: str, records: str | None) -> dict:
+def load_teacher(args):
+    return model_from_checkpoint(load_checkpoint(args.pretrained, "MQAR teacher"))
+
+
+def train_run(run: Run, size: dict, out_dir: str, records: str | None, teachers: tuple | None = None) -> dict:
     """The run's results: read if it finished (here, or kept in records), else trained (resumed where it stopped),
-    and kept in records."""
+    and kept in records. teachers: (out_dir, records) where a conversion's teacher is, if not beside it."""
     folder = folder_of(run, out_dir)
+    teacher_dir, teacher_records = teachers or (out_dir, records)
     results = os.path.join(folder, "results.json")
     if records and not os.path.isfile(results) and os.path.isfile(os.path.join(records, os.path.basename(folder),
                                                                                 "results.json")):
         copy_files(os.path.join(records, os.path.basename(folder)), folder)  # kept: nothing to train
     if not os.path.isfile(results):
-        teacher = os.path.join(folder_of(Run(teacher_of(run)), out_dir), "model.pt")
-        if run.converted and not finished(Run(teacher_of(run)), out_dir, records):
+        teacher = os.path.join(folder_of(Run(teacher_of(run)), teacher_dir), "model.pt")
+        if run.converted and not finished(Run(teacher_of(run)), teacher_dir, teacher_records):
             raise UserError(f"{run.name} converts {teacher_of(run)}, which has not finished: include it in --only, "
                             f"or train it first")
         if run.converted and not os.path.isfile(teacher):
-            raise UserError(f"{run.name} converts {teacher}, which is kept in {records} without its weights: delete "
-                            f"{os.path.join(records or '', teacher_of(run))} to train the teacher again")
+            raise UserError(f"{run.name} converts {teacher}, which is kept in {teacher_records} without its weights: "
+                            f"delete {os.path.join(teacher_records or '', teacher_of(run))} to train the teacher "
+                            f"again")
         started = time.time()
         args = run_args(run, size, folder, teacher, resume=os.path.isfile(os.path.join(folder, "ckpt.pt")))
         task = MQARTask(args, Distributed(), size["eval_sequences"], args.curriculum)
         checkpoint = open_run(task)
-        model = make_model(run, size, checkpoint, args)
+        model = make_model(run, size, checkpoint, args, task)
+        if args.distill_weight:  # KL to the teacher's logits in the finetuning's loss, as train_lm.py mixes it
+            task = DistilledFrom(task, load_teacher(args), model)
         try:
             train(TransferFirst(task, checkpoint) if run.transfer else task, model, checkpoint)  # transfer: first
         except Diverged as e:  # a rate of a sweep that diverges is one of its results, as in Zoology's sweeps

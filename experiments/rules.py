@@ -40,7 +40,7 @@ THRESHOLDS = dict(STRONG=STRONG, SIGNIFICANT=SIGNIFICANT, COMPARABLE_BLEU=COMPAR
 LM_RUNS = "2026-11-24"  # Table 1's models, Figs. 4-6's sweep and attention analysis (second edition)
 MT_RUNS = "2026-11-24"  # Table 2's translators
 BENCH_RUNS = "2026-11-24 and 2026-11-25"
-SINCE_RUNS = "2026-11-28 (the first seed of five recipes before: their numbers not judged), then 2026-11-28 on"  # bench.py on the translators (5599d11, then cfc21bf, which the page reads)
+SINCE_RUNS = "2026-11-28, but five recipes' first seed before"  # bench.py on the translators (5599d11, then cfc21bf, which the page reads)
 
 
 @dataclass(frozen=True)
@@ -219,17 +219,17 @@ RULES = [
     Rule("since-near-control", r"an all-linear conversion within 2% of the softmax control",
          f"an all-linear recipe's mean test perplexity over its seeds at most {NEAR_CONTROL:.0%} above the mean of "
          "the softmax control finetuned from the same teacher as long", (S + "near_control",), ("NEAR_CONTROL",),
-         "pending", "2026-11-28", SINCE_RUNS, True, "7878a3faafb2"),
+         "6644ad4", "2026-11-28", SINCE_RUNS, True, "7878a3faafb2"),
     Rule("since-part-helps", r"a part added to T2R lowers its perplexity",
          "the two-arms rule over the seeds: every run of one recipe beyond every run of the other and Welch's "
          f"two-sided p below {SEPARATED}; within noise otherwise", (S + "part_helps", V + "two_arms"),
-         ("SEPARATED",), "pending", "2026-11-28", SINCE_RUNS, True, "74f6416d6299"),
+         ("SEPARATED",), "6644ad4", "2026-11-28", SINCE_RUNS, True, "74f6416d6299"),
     Rule("since-chosen-layers", r"the softmax layers chosen by data beat every-k-th",
          "where the ranking keeps the layers every-k-th keeps, the same model: no verdict; otherwise the two-arms "
-         "rule over the seeds", (S + "chosen_beats_every_kth", V + "two_arms"), ("SEPARATED",), "pending",
+         "rule over the seeds", (S + "chosen_beats_every_kth", V + "two_arms"), ("SEPARATED",), "6644ad4",
          "2026-11-28", SINCE_RUNS, True, "6f2a592d8dfd"),
     Rule("since-mqar-recall", r"an all-linear k = 32 conversion recalls at 64 pairs",
-         f"its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",), ("MQAR_RECALL",), "pending",
+         f"its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",), ("MQAR_RECALL",), "6644ad4",
          "2026-11-28", "not yet run", True, "23fd5ce71339"),
     Rule("teacher-converged", r"the language-model teacher",
          f"the last fifth of its run lowered its best validation perplexity by less than {CONVERGED:.0%}",

@@ -23,10 +23,12 @@ import os
 import time
 from dataclasses import replace
 
+import torch
+
 from experiments.probes import MAIN_K
 from experiments.records import Records
 from experiments.runs import ROOT, Run
-from experiments.sizes import LM_SIZES
+from experiments.sizes import LM_SIZES, MQAR_SIZES
 from support.runtime import Parser, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
@@ -69,11 +71,101 @@ def ptb_runs(study_out: str, out: str, size: dict) -> list:
     return runs
 
 
+# MQAR (experiments/mqar.py): the same recipes converting its softmax teacher (k = 32), scored at 8 and 64 pairs; one
+# layer of its two kept softmax by data, or the paper's every-k-th at its one layer of two (every 2nd: the bottom one)
+MQAR_RECIPES = {
+    "softmax control": ("--attn", "softmax"),
+    "t2r": (),
+    "t2r+decay": ("--decay",),
+    "t2r+conv4": ("--short_conv", 4),
+    "t2r+distill": ("--distill_weight", 0.5),
+    "t2r+chosen1": ("--keep_softmax", 1),
+    "t2r+every2nd": ("--keep_softmax_every", 2),
+    "t2r+decay+conv4+distill": ("--decay", "--short_conv", 4, "--distill_weight", 0.5),
+    "t2r+chosen1+decay+conv4+distill": ("--keep_softmax", 1, "--decay", "--short_conv", 4, "--distill_weight", 0.5),
+}
+MQAR_PAIRS = (8, 64)
+
+
+def mqar_runs() -> list:
+    from experiments import mqar
+    t2r = ("--attn", "t2r", "--feature_size", MAIN_K)
+    return [mqar.Run(f"{FOLDERS.get(recipe, recipe.replace('t2r+', ''))}-s1", attn="t2r", k=MAIN_K, converted=True,
+                     parts=parts if recipe == "softmax control" else t2r + parts, model=recipe)
+            for recipe, parts in MQAR_RECIPES.items()]
+
+
+def train_mqar(out: str):
+    """The MQAR teacher, then each recipe, trained (or read back from its record). The teacher is experiments/mqar.py's
+    softmax run trained again here with its flags (its weights were not kept): the same machine and thread count give
+    the same weights, which its record's recall checks (results/runs/mqar/softmax against since_t2r/mqar/softmax)."""
+    from experiments import mqar
+    size, records = MQAR_SIZES["full"], os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
+    for run in [mqar.Run("softmax")] + mqar_runs():
+        print(f"--- mqar {run.name}", flush=True)
+        mqar.train_run(run, size, os.path.join(out, "mqar"), records)
+
+
 def rows_of(study_out: str, out: str, size: dict) -> list:
     """(run, its records) for every row of the PTB table: the study's T2R from the seed-1 teacher among them."""
     _, conversion = study_runs(study_out, size)
     conversion = replace(conversion, row=dict(task="ptb", recipe="t2r", seed=TEACHER_SEED))
     return [(conversion, "study")] + [(run, "since") for run in ptb_runs(study_out, out, size)]
+
+
+# -----------------------------------------------------------------------------
+# The decoding probe: each recipe's speed and state, measured on its first seed's weights
+
+DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 3  # a block-long prompt, then greedy steps; median of passes
+
+
+@torch.no_grad()
+def measure_decoding(model_pt: str) -> dict:
+    """decode.json: greedy tokens/s at batch 1 after a DECODE_PROMPT-token prompt read by prefill (the steps alone
+    timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes, and the bytes of the state
+    after the prompt and the new tokens (a KV cache grows; a T2R state does not)."""
+    from generate import traits
+    from layers.states import state_bytes
+    from support.checkpoints import load_checkpoint, model_from_checkpoint
+    from support.fast_step import eager_decoder
+    from support.inference import inference_model
+    from t2r import PREFILL_CHUNK
+    model = inference_model(model_from_checkpoint(load_checkpoint(model_pt), model_pt).eval())
+    decoder = model if traits(model).own_step else eager_decoder(model)  # what generate.py's --step eager runs
+    prompt = torch.randint(model.config.vocab_size, (1, DECODE_PROMPT), generator=torch.Generator().manual_seed(0))
+    rates = []
+    for _ in range(DECODE_PASSES):
+        logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
+        start = time.perf_counter()
+        for _ in range(DECODE_TOKENS):
+            logits, state = decoder.step(logits.argmax(-1), state)
+        rates.append(DECODE_TOKENS / (time.perf_counter() - start))
+    return {"tokens_per_s": sorted(rates)[len(rates) // 2], "tokens_per_s_passes": rates,
+            "state_bytes": state_bytes(state), "prompt": DECODE_PROMPT, "new_tokens": DECODE_TOKENS,
+            "threads": torch.get_num_threads()}
+
+
+def probe_decoding(study_out: str, out: str, size: dict):
+    """decode.json into each recipe's first-seed run (and its record), where its weights are here."""
+    from experiments.records import machine
+    from support.runtime import write_json
+    for run, owner in rows_of(study_out, out, size):
+        if run.row["seed"] != SEEDS[0]:
+            continue
+        model_pt = os.path.join(run.out_dir, "model.pt")
+        if not os.path.isfile(model_pt):
+            print(f"{run.name}: no weights here ({model_pt}): not measured")
+            continue
+        found = measure_decoding(model_pt)
+        write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
+        records_of(owner, study_out, out).keep(run)
+        print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
+              flush=True)
+
+
+def records_of(owner: str, study_out: str, out: str) -> Records:
+    return Records(study_out, os.path.join(ROOT, "results", "runs")) if owner == "study" else \
+        Records(out, os.path.join(ROOT, "results", "runs", "since_t2r"))
 
 
 # -----------------------------------------------------------------------------
@@ -109,12 +201,213 @@ def recalls(recall: float) -> str:
 
 
 # -----------------------------------------------------------------------------
+# The table (results/since_t2r.csv, one row a result) and the page (results/since_t2r.md), from the records alone
+
+COLUMNS = ["task", "recipe", "softmax_layers", "metric", "value", "sd", "seeds", "state_bytes", "decode_tokens_per_s",
+           "gap_to_teacher", "gap_to_control", "train_minutes", "runs"]
+
+
+def read_json(path: str) -> dict:
+    import json
+    with open(path) as f:
+        return json.load(f)
+
+
+def kept_layers(folder: str, n_layer: int, recipe: str) -> int:
+    """How many layers kept softmax: all of them (the teacher, the control), those softmax_layers.json names, or
+    keep_softmax_every's."""
+    if recipe in ("teacher", "softmax control"):
+        return n_layer
+    chosen = os.path.join(folder, "softmax_layers.json")
+    if os.path.isfile(chosen):
+        return len(read_json(chosen)["kept"])
+    every = read_json(os.path.join(folder, "args.json")).get("keep_softmax_every") or 0
+    return len(range(every, n_layer + 1, every)) if every else 0
+
+
+def mean_sd(values: list) -> tuple:
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
+    return mean, sd
+
+
+def ptb_rows(study_out: str, out: str, size: dict) -> tuple:
+    """The PTB rows (mean test perplexity over each recipe's finished seeds) and, per recipe, its seeds' values."""
+    teacher, _ = study_runs(study_out, size)
+    found = {}
+    for run, owner in [(teacher, "study")] + rows_of(study_out, out, size):  # their records: a fresh checkout's too
+        folder = records_of(owner, study_out, out).folder(run)
+        if os.path.isfile(os.path.join(folder, "results.json")):
+            recipe = "teacher" if run is teacher else run.row["recipe"]
+            found.setdefault(recipe, []).append((folder, read_json(os.path.join(folder, "results.json"))))
+    values = {recipe: [r["test"]["ppl"] for _, r in runs] for recipe, runs in found.items()}
+    rows = []
+    for recipe in ["teacher", *RECIPES]:
+        if recipe not in found:
+            continue
+        first = found[recipe][0][0]  # the first seed's folder: its decode.json
+        decode = os.path.join(first, "decode.json")
+        decode = read_json(decode) if os.path.isfile(decode) and recipe != "teacher" else {}
+        mean, sd = mean_sd(values[recipe])
+        rows.append(dict(task="ptb", recipe=recipe, softmax_layers=kept_layers(first, size["model"]["n_layer"], recipe),
+                         metric="test_ppl", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
+                         seeds=len(values[recipe]), state_bytes=decode.get("state_bytes"),
+                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                         train_minutes=round(sum(r["train_minutes"] for _, r in found[recipe]), 1),
+                         runs=" ".join(shorten(folder) for folder, _ in found[recipe])))
+    return with_gaps(rows), values
+
+
+def mqar_rows() -> list:
+    """The MQAR rows at 8 and 64 pairs: the teacher (trained again here), then each recipe, one seed."""
+    from experiments import mqar
+    records = os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
+    rows = []
+    for run in [mqar.Run("softmax", model="teacher")] + mqar_runs():
+        folder = mqar.folder_of(run, records)
+        if not os.path.isfile(os.path.join(folder, "results.json")):
+            continue
+        results = read_json(os.path.join(folder, "results.json"))
+        layers = 2 if run.model in ("teacher", "softmax control") else kept_layers(folder, 2, run.model)
+        for pairs in MQAR_PAIRS:
+            rows.append(dict(task=f"mqar{pairs}", recipe=run.model, softmax_layers=layers, metric="recall",
+                             value=round(results["accuracy"][str(pairs)], 4), sd=None, seeds=1,
+                             state_bytes=results["state_bytes"][str(mqar.length_for(pairs))], decode_tokens_per_s=None,
+                             train_minutes=round(results["train_minutes"], 1), runs=shorten(folder)))
+    return with_gaps(rows)
+
+
+def with_gaps(rows: list) -> list:
+    """Each row's value less its task's teacher's and softmax control's (in the metric's units)."""
+    for row in rows:
+        same = {r["recipe"]: r["value"] for r in rows if r["task"] == row["task"]}
+        for column, recipe in (("gap_to_teacher", "teacher"), ("gap_to_control", "softmax control")):
+            row[column] = round(row["value"] - same[recipe], 4 if row["metric"] == "recall" else 2) \
+                if recipe in same and recipe != row["recipe"] else None
+    return rows
+
+
+def shorten(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def write_results(study_out: str, out: str, size: dict, results_dir: str):
+    from support.runtime import write_csv
+    ptb, values = ptb_rows(study_out, out, size)
+    rows = ptb + mqar_rows()
+    write_csv(os.path.join(results_dir, "since_t2r.csv"), rows, COLUMNS)
+    page = os.path.join(results_dir, "since_t2r.md")
+    from support.runtime import atomic_write
+    with atomic_write(page) as tmp, open(tmp, "w") as f:
+        f.write("\n".join(page_lines(rows, values, study_out, out, size)) + "\n")
+    print(f"wrote {shorten(os.path.join(results_dir, 'since_t2r.csv'))} ({len(rows)} rows) and {shorten(page)}")
+
+
+def machines(folders: list) -> str:
+    """Where and when the runs trained, from their machine.json: '<device>, <threads> thread(s), <first>..<last>'."""
+    found = [read_json(p) for p in (os.path.join(f, "machine.json") for f in folders) if os.path.isfile(p)]
+    devices = sorted({m.get("device", "?") for m in found})
+    threads = sorted({m.get("threads") for m in found} - {None})
+    dates = sorted(m["date"] for m in found if "date" in m)
+    span = dates[0] if dates[:1] == dates[-1:] else f"{dates[0]} to {dates[-1]}" if dates else "?"
+    return f"{'; '.join(devices)}, {'/'.join(map(str, threads))} thread(s) a run, {span}"
+
+
+def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -> list:
+    from experiments.rules import BY_ID, NEAR_CONTROL, when
+    from experiments.verdicts import exact_permutation_p, welch
+    lines = ["# Since T2R: a decaying state, a short convolution, distillation, softmax layers chosen by data", "",
+             "Built by `python -m experiments.since_t2r --stage results` from results/since_t2r.csv, which it writes "
+             "from the runs' records (results/runs/since_t2r, results/runs/lm); the runs: "
+             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mqar`, `--stage decode`. What each part is: "
+             "decay.py, after_t2r.py (ConvInput), support/distill.py, support/choose_layers.py.", ""]
+    ptb = [r for r in rows if r["task"] == "ptb"]
+    folders = [os.path.join(ROOT, f) for r in ptb for f in r["runs"].split()]
+    lines += ["## PTB, the study's language model (4 layers, d_model 128), from its seed-1 teacher", "",
+              f"Each recipe finetunes the teacher {size['finetune_steps']} steps at lr 1e-3 (the study's conversion "
+              f"recipe, T2R's k = {MAIN_K}), once for each seed; the softmax control is the teacher finetuned as long, "
+              "unchanged. Test perplexity: the mean of the seeds, their SD. Decoding: greedy tokens/s at batch 1 after "
+              f"a {DECODE_PROMPT}-token prompt read by prefill ({DECODE_TOKENS} steps, the median of {DECODE_PASSES} "
+              "passes, on the first seed's weights), and the state's bytes then. "
+              f"Trained on: {machines(folders)}.", "",
+              "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    cell = lambda v, fmt="{}": "-" if v is None else fmt.format(v)
+    for r in ptb:
+        lines.append(f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['sd'], '{:.2f}')} | "
+                     f"{r['seeds']} | {cell(r['gap_to_teacher'], '{:+.2f}')} | {cell(r['gap_to_control'], '{:+.2f}')} | "
+                     f"{cell(r['state_bytes'], '{:,}')} | {cell(r['decode_tokens_per_s'])} |")
+    decode = [os.path.join(r["runs"].split()[0], "decode.json") for r in ptb]
+    decoded = [d for d in decode if os.path.isfile(os.path.join(ROOT, d))]
+    if decoded:
+        lines += ["", f"Decoding measured on: {machines([os.path.dirname(os.path.join(ROOT, d)) for d in decoded])}."]
+    lines += ["", "### Verdicts (each rule dated in experiments/rules.py)", ""]
+    control = values.get("softmax control")
+    for recipe in [r for r in RECIPES if r not in ("softmax control", "t2r")]:
+        if recipe in values and "t2r" in values:
+            judged = min(len(values[recipe]), len(values["t2r"])) > 1  # a spread on both sides
+            verdict = part_helps(values[recipe], values["t2r"]) if judged else "not judged (one seed)"
+            stats = ""
+            if judged:
+                t, df, p = welch(values[recipe], values["t2r"])
+                stats = f"; Welch t {t:.2f}, df {df:.1f}, p {p:.3f}; permutation p " \
+                        f"{exact_permutation_p(values[recipe], values['t2r']):.2f}"
+            lines.append(f"- {recipe} lowers T2R's perplexity ({len(values[recipe])} against "
+                         f"{len(values['t2r'])} seeds{stats}): **{verdict}**" if verdict == "yes" else
+                         f"- {recipe} lowers T2R's perplexity ({len(values[recipe])} against {len(values['t2r'])} "
+                         f"seeds{stats}): {verdict}")
+    linear = [r for r in ptb if r["softmax_layers"] == 0 and r["recipe"] != "t2r"]
+    if control and linear:
+        best = min(linear, key=lambda r: r["value"])
+        lines.append(f"- an all-linear conversion within {NEAR_CONTROL:.0%} of the softmax control "
+                     f"({mean_sd(control)[0]:.2f}, <= {(1 + NEAR_CONTROL) * mean_sd(control)[0]:.2f}): the best, "
+                     f"{best['recipe']}, {best['value']:.2f}: {near_control(values[best['recipe']], control)}")
+    lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in ('since-part-helps', 'since-near-control'))})"]
+    return lines + mqar_lines(rows)
+
+
+def mqar_lines(rows: list) -> list:
+    from experiments.rules import BY_ID, when
+    mq = [r for r in rows if r["task"].startswith("mqar")]
+    if not mq:
+        return ["", "## MQAR", "", "Not run yet: `python -m experiments.since_t2r --stage mqar`."]
+    from experiments.sizes import MQAR_SIZES
+    size = MQAR_SIZES["full"]
+    lines = ["", "## MQAR (experiments/mqar.py's 2-layer softmax teacher, d_model 128, 4 heads)", "",
+             f"Each recipe finetunes the teacher {size['finetune_steps']} steps (one seed), k = {MAIN_K}; recall on the "
+             "same fixed test sequences, the state's bytes after the sequence. Trained on: "
+             f"{machines(sorted({os.path.join(ROOT, r['runs']) for r in mq}))}.", "",
+             "| recipe | softmax layers | recall, 8 pairs | recall, 64 pairs | state bytes at 64 pairs |",
+             "|---|---|---|---|---|"]
+    by = {(r["recipe"], r["task"]): r for r in mq}
+    for recipe in dict.fromkeys(r["recipe"] for r in mq):
+        r8, r64 = by.get((recipe, "mqar8")), by.get((recipe, "mqar64"))
+        lines.append(f"| {recipe} | {r64['softmax_layers']} | {r8['value']:.4f} | {r64['value']:.4f} | "
+                     f"{r64['state_bytes']:,} |")
+    linear = [r for r in mq if r["task"] == "mqar64" and r["softmax_layers"] == 0]
+    if linear:
+        best = max(linear, key=lambda r: r["value"])
+        lines += ["", f"- an all-linear k = {MAIN_K} conversion recalls at least 0.95 at 64 pairs: the best, "
+                  f"{best['recipe']}, {best['value']:.4f}: {recalls(best['value'])} "
+                  f"(rule since-mqar-recall, {when(BY_ID['since-mqar-recall'])})"]
+    chosen, every = by.get(("t2r+chosen1", "mqar64")), by.get(("t2r+every2nd", "mqar64"))
+    if chosen and every:
+        kept = read_json(os.path.join(ROOT, chosen["runs"], "softmax_layers.json"))["kept"]
+        lines.append(f"- one layer kept softmax, chosen by data (layer {kept[0]}, 0 the bottom) against every 2nd "
+                     f"(layer 0): at 64 pairs {chosen['value']:.4f} against {every['value']:.4f}, one seed each"
+                     + (": the same layer, the same model" if kept == [0] else ""))
+    return lines
+
+
+# -----------------------------------------------------------------------------
 
 def main(argv=None):
     from experiments.study import execute
     p = Parser(prog="python -m experiments.since_t2r", description="The conversions since T2R, on the study's teacher.")
-    p.add_argument("--stage", default="train", choices=["train", "results"],
-                   help="train: the runs (the teacher first, where its weights are gone); results: the CSV and page")
+    p.add_argument("--stage", default="train", choices=["train", "mqar", "decode", "results"],
+                   help="train: the PTB runs (the teacher first, where its weights are gone); mqar: the MQAR runs (one "
+                   "at a time); decode: each recipe's decoding speed and state (run it alone: it times); results: the CSV "
+                   "and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
     args = p.parse_args(argv)
@@ -126,6 +419,12 @@ def main(argv=None):
                 Records(study_out, os.path.join(ROOT, "results", "runs")))
         execute(ptb_runs(study_out, out, size), args.dry_run, args.jobs,
                 Records(out, os.path.join(ROOT, "results", "runs", "since_t2r")))
+    if args.stage == "mqar" and not args.dry_run:
+        train_mqar(out)
+    if args.stage == "decode":
+        probe_decoding(study_out, out, size)
+    if args.stage == "results":
+        write_results(study_out, out, size, os.path.join(ROOT, "results"))
     print(f"since_t2r: {(time.time() - t0) / 60:.1f} minutes this time")
 
 

@@ -1,0 +1,123 @@
+"""
+experiments/since_t2r.py: its plan is what its page says it measures, its MQAR conversions carry their parts, its
+verdicts follow their rules, and the committed table and page rebuild from the records alone.
+
+    python -m pytest -q tests/test_since_t2r.py
+"""
+
+import os
+
+import pytest
+import torch
+
+import train_lm
+from conftest import ROOT
+from decay import DecayingAttention
+from experiments import mqar, since_t2r
+from experiments.sizes import LM_SIZES, MQAR_SIZES
+
+
+def plan(tmp_path):
+    return since_t2r.ptb_runs(str(tmp_path / "study"), str(tmp_path / "since"), LM_SIZES["full"])
+
+
+def test_the_ptb_plan_runs_every_recipe_with_every_seed_once_t2r_seed_1_being_the_studys(tmp_path):
+    rows = since_t2r.rows_of(str(tmp_path / "study"), str(tmp_path / "since"), LM_SIZES["full"])
+    pairs = sorted((run.row["recipe"], run.row["seed"]) for run, _ in rows)
+    assert pairs == sorted((recipe, seed) for recipe in since_t2r.RECIPES for seed in since_t2r.SEEDS)
+    assert [run.name for run, owner in rows if owner == "study"] == ["t2r-pretrained-k32-from-s1"]
+    assert len({run.out_dir for run, _ in rows}) == len(rows)
+
+
+@pytest.mark.parametrize("recipe", list(since_t2r.RECIPES))
+def test_each_recipe_is_the_studys_conversion_with_its_parts_as_train_lm_reads_them(tmp_path, recipe):
+    run = next(r for r in plan(tmp_path) if r.row["recipe"] == recipe)
+    argv = []
+    for name, value in run.flags.items():
+        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    args = train_lm.get_args(argv)
+    assert args.pretrained.endswith("softmax-random-s1/ckpt.pt") and args.max_steps == 480 and args.lr == 1e-3
+    assert args.attn == ("softmax" if recipe == "softmax control" else "t2r")
+    assert (args.decay, args.short_conv, args.distill_weight, args.keep_softmax) == (
+        "decay" in recipe, 4 if "conv4" in recipe else 0, 0.5 if "distill" in recipe else 0.0,
+        1 if "chosen1" in recipe else 0)
+
+
+@pytest.fixture(scope="module")
+def mqar_quick(tmp_path_factory):
+    """The quick MQAR teacher, and three of the recipes converted from it (their records beside)."""
+    where = tmp_path_factory.mktemp("mqar")
+    size = MQAR_SIZES["quick"]
+    runs = {run.model: run for run in since_t2r.mqar_runs()}
+    results = {"teacher": mqar.train_run(mqar.Run("softmax"), size, str(where / "out"), str(where / "records"))}
+    for recipe in ("softmax control", "t2r+decay+conv4+distill", "t2r+chosen1"):
+        results[recipe] = mqar.train_run(runs[recipe], size, str(where / "out"), str(where / "records"))
+    return where, runs, results
+
+
+def model_of(where, run):
+    return mqar.model_from_checkpoint(mqar.load_checkpoint(os.path.join(mqar.folder_of(run, str(where / "out")),
+                                                                        "model.pt")))
+
+
+def test_an_mqar_conversion_since_t2r_carries_its_parts(mqar_quick):
+    where, runs, results = mqar_quick
+    model = model_of(where, runs["t2r+decay+conv4+distill"])
+    assert any(isinstance(m, DecayingAttention) for m in model.modules())
+    assert model.config.short_conv == 4
+    sizes = results["t2r+decay+conv4+distill"]["state_bytes"]
+    assert len(set(sizes.values())) == 1  # all linear: a state of one size at every length
+
+
+def test_the_mqar_softmax_control_is_the_teacher_trained_on_unchanged(mqar_quick):
+    where, runs, results = mqar_quick
+    teacher, control = model_of(where, mqar.Run("softmax")), model_of(where, runs["softmax control"])
+    assert type(control) is type(teacher) and control.config.attn == "softmax"
+    assert results["softmax control"]["state_bytes"] == results["teacher"]["state_bytes"]  # a KV cache, as its
+    changed = [n for n, p in control.state_dict().items() if not torch.equal(p, teacher.state_dict()[n])]
+    assert changed  # ... and finetuned
+
+
+def test_an_mqar_chosen_layer_is_ranked_saved_and_kept_in_the_record(mqar_quick):
+    where, runs, _ = mqar_quick
+    record = os.path.join(mqar.folder_of(runs["t2r+chosen1"], str(where / "records")), "softmax_layers.json")
+    kept = since_t2r.read_json(record)
+    assert len(kept["kept"]) == 1 and len(kept["ranking"]) == MQAR_SIZES["quick"]["n_layer"]
+    assert since_t2r.kept_layers(os.path.dirname(record), 2, "t2r+chosen1") == 1
+
+
+@pytest.mark.parametrize("values, verdict", [(([120.0, 121.0, 122.0], [130.0, 131.0, 132.0]), "yes"),
+                                             (([130.0, 131.0, 132.0], [120.0, 121.0, 122.0]), "**no**"),
+                                             (([120.0, 131.0, 125.0], [124.0, 130.0, 126.0]), "within noise")])
+def test_a_part_helps_by_the_two_arms_rule(values, verdict):
+    assert since_t2r.part_helps(*values) == verdict
+
+
+@pytest.mark.parametrize("all_linear, verdict", [([129.8, 130.2], "yes"), ([130.0, 130.4], "**no**")])
+def test_near_the_control_means_within_two_percent_of_its_mean(all_linear, verdict):
+    assert since_t2r.near_control(all_linear, [127.0, 128.0]) == verdict  # 127.5 * 1.02 = 130.05: means 130.0 and 130.2
+
+
+def test_chosen_layers_that_every_kth_keeps_too_are_not_judged_as_a_comparison():
+    assert since_t2r.chosen_beats_every_kth([1.0, 2.0, 3.0], [7.0, 8.0, 9.0], {0}, {0}) == "the same layers"
+    assert since_t2r.chosen_beats_every_kth([1.0, 2.0, 3.0], [7.0, 8.0, 9.0], {1}, {0}) == "yes"
+
+
+def test_the_gaps_are_to_the_tasks_own_teacher_and_control():
+    rows = [dict(task="ptb", recipe="teacher", value=130.0, metric="test_ppl"),
+            dict(task="ptb", recipe="softmax control", value=128.0, metric="test_ppl"),
+            dict(task="ptb", recipe="t2r", value=135.5, metric="test_ppl"),
+            dict(task="mqar64", recipe="teacher", value=1.0, metric="recall"),
+            dict(task="mqar64", recipe="t2r", value=0.4291, metric="recall")]
+    gaps = {(r["task"], r["recipe"]): (r["gap_to_teacher"], r["gap_to_control"]) for r in since_t2r.with_gaps(rows)}
+    assert gaps[("ptb", "t2r")] == (5.5, 7.5) and gaps[("ptb", "teacher")] == (None, 2.0)
+    assert gaps[("mqar64", "t2r")] == (-0.5709, None)
+
+
+def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
+    size = LM_SIZES["full"]
+    since_t2r.write_results(os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r"), size,
+                            str(tmp_path))
+    for name in ("since_t2r.csv", "since_t2r.md"):
+        with open(os.path.join(ROOT, "results", name)) as committed:
+            assert (tmp_path / name).read_text() == committed.read(), name
