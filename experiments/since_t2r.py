@@ -5,6 +5,7 @@ layer chosen by data (support/choose_layers.py), each added alone to T2R's conve
 
     python -m experiments.since_t2r --jobs 2          # the PTB runs, resumable (Ctrl-C saves; the same command goes on)
     python -m experiments.since_t2r --dry_run         # every run: done, kept (its record in results/runs) or to train
+    python -m experiments.since_t2r --stage mqar      # the MQAR teacher again, then each recipe (--only REGEX: some)
     python -m experiments.since_t2r --stage decode    # each recipe's decoding speed and state size (trainings paused)
     python -m experiments.since_t2r --stage results   # results/since_t2r.csv and results/since_t2r.md, from the records
 
@@ -20,6 +21,7 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
     raise SystemExit("error: run it from the repository's root as a module: python -m experiments.since_t2r")
 
 import os
+import re
 import time
 from dataclasses import replace
 
@@ -95,13 +97,13 @@ def mqar_runs() -> list:
             for recipe, parts in MQAR_RECIPES.items()]
 
 
-def train_mqar(out: str):
+def train_mqar(out: str, only: str = ""):
     """The MQAR teacher, then each recipe, trained (or read back from its record). The teacher is experiments/mqar.py's
     softmax run trained again here with its flags (its weights were not kept): the same machine and thread count give
     the same weights, which its record's recall checks (results/runs/mqar/softmax against since_t2r/mqar/softmax)."""
     from experiments import mqar
     size, records = MQAR_SIZES["full"], os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
-    for run in [mqar.Run("softmax")] + mqar_runs():
+    for run in [mqar.Run("softmax")] + [r for r in mqar_runs() if re.search(only, r.model)]:
         print(f"--- mqar {run.name}", flush=True)
         mqar.train_run(run, size, os.path.join(out, "mqar"), records)
 
@@ -410,7 +412,13 @@ def main(argv=None):
                    "and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
+    p.add_argument("--only", default="", help="--stage mqar: the recipes whose name matches this regular expression "
+                   "(after the teacher), so that two processes can share the runs")
     args = p.parse_args(argv)
+    try:
+        re.compile(args.only)
+    except re.error as error:
+        p.error(f"--only {args.only!r} is not a regular expression ({error}): e.g. --only 'decay'")
     study_out, out = os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r")
     size = LM_SIZES["full"]
     t0 = time.time()
@@ -420,7 +428,7 @@ def main(argv=None):
         execute(ptb_runs(study_out, out, size), args.dry_run, args.jobs,
                 Records(out, os.path.join(ROOT, "results", "runs", "since_t2r")))
     if args.stage == "mqar" and not args.dry_run:
-        train_mqar(out)
+        train_mqar(out, args.only)
     if args.stage == "decode":
         probe_decoding(study_out, out, size)
     if args.stage == "results":

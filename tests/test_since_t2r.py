@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train_lm
-from conftest import ROOT
+from conftest import ROOT, assert_one_line_error, run_in_process
 from decay import DecayingAttention
 from experiments import mqar, since_t2r
 from experiments.sizes import LM_SIZES, MQAR_SIZES
@@ -121,3 +121,8 @@ def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
     for name in ("since_t2r.csv", "since_t2r.md"):
         with open(os.path.join(ROOT, "results", name)) as committed:
             assert (tmp_path / name).read_text() == committed.read(), name
+
+
+def test_a_bad_only_pattern_is_one_line_before_any_work(tmp_path):
+    result = run_in_process("experiments.since_t2r", "--stage", "mqar", "--only", "(", cwd=tmp_path)
+    assert_one_line_error(result, "--only '(' is not a regular expression")
