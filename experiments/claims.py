@@ -45,6 +45,7 @@ HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
 DOUBLED = "2x"  # the suffix of a model trained at twice every budget (teacher, finetuning, T2R from scratch)
 LONGER_SEEDS = (0, 1, 2)  # the equal-budget control's seeds (at twice the budget: seed 0)
+TEACHERS = (0, 1, 2)  # the 1x teacher's seeds: each converted once, T2R + pretrain's arm at equal budgets
 RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 
 
@@ -262,6 +263,13 @@ def equal_budget_gaps(lm: list) -> list:
     for each budget whose two sides have run: what equal_budget.png draws beside the seeds."""
     numbers = [(multiple, equal_budget_numbers(lm, suffix)) for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}"))]
     return [(multiple, n[0] - n[1], n[2]) for multiple, n in numbers if n is not None]
+
+
+def table1(lm: list) -> list:
+    """Table 1's rows: every run but the conversions of the teacher's other seeds (a row's `teacher`: the seed of the
+    teacher it converted; empty from random init, and in an older CSV without the column). Its + pretrain rows are
+    the seed-0 teacher's, as ELU's and RFA's are; its teacher's row every seed of the teacher."""
+    return [r for r in lm if not r.get("teacher")]
 
 
 # -----------------------------------------------------------------------------
@@ -482,12 +490,12 @@ def verdict_legend() -> str:
 def all_claims(results: dict) -> list:
     """The paper's claims, one check per claim, each on the paper's own comparison, in the paper's order: Table 1,
     Figs. 4-6, Table 2, Fig. 2."""
-    return (lm_claims(results["lm"], results.get("curves", []))
-            + feature_claims(results["fs"], results["att"], results["lm"])
+    lm = table1(results["lm"])  # the + pretrain rows of the seed-0 teacher; the teacher's row all its seeds
+    return (lm_claims(lm, results.get("curves", [])) + feature_claims(results["fs"], results["att"], lm)
             + mt_claims(results["mt"], results.get("mt_pairs", [])) + length_claims(results.get("bench", [])))
 
 
 def all_controls(results: dict) -> list:
     """The study's own checks beside the paper's: its controls (equal budgets, the teacher trained on) and the
     ablation of the 75% hybrid's other reading."""
-    return lm_controls(results["lm"]) + mt_controls(results["mt"], results.get("mt_pairs", []))
+    return lm_controls(table1(results["lm"])) + mt_controls(results["mt"], results.get("mt_pairs", []))

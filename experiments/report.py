@@ -26,7 +26,8 @@ import re
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, all_controls,
-                                bootstrap_interval, convergence_checks, equal_budget_gaps, model_name, verdict_legend)
+                                bootstrap_interval, convergence_checks, equal_budget_gaps, model_name, table1,
+                                verdict_legend)
 from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
@@ -102,6 +103,8 @@ def mean_spread(values: list) -> str:
 
 
 def lm_table(lm: list) -> list:
+    """Table 1: its rows (claims.table1), each the mean of its seeds."""
+    lm = table1(lm)
     lines = ["| model | k | seeds | valid ppl | test ppl | train minutes | paper valid / test (WT103) |",
              "|---|---|---|---|---|---|---|"]
     for model, init in LM_ORDER:
@@ -114,6 +117,18 @@ def lm_table(lm: list) -> list:
                      f"{mean_spread([r['train_minutes'] for r in rows])} | "
                      f"{f'{paper.valid} / {paper.test}' if paper else 'not in the paper'} |")
     return lines
+
+
+def teacher_seeds(lm: list) -> list:
+    """The teacher's seeds under Table 1, with their standard deviation, where it was trained with more than one."""
+    runs = [r["test_ppl"] for r in group(lm, model="softmax", init="random")]
+    if len(runs) < 2:
+        return []
+    mean = sum(runs) / len(runs)
+    sd = (sum((x - mean) ** 2 for x in runs) / (len(runs) - 1)) ** 0.5
+    listed = ", ".join(f"{x:.2f}" for x in runs)
+    return [f"The teacher: {len(runs)} seeds, test ppl {listed} (mean {mean:.2f}, SD {sd:.2f}); the + pretrain rows "
+            "convert its seed-0 run, as the paper converts one teacher.", ""]
 
 
 def feature_table(results: dict) -> list:
@@ -165,7 +180,7 @@ def mt_table(mt: list) -> list:
 
 def budget_points(lm: list) -> list:
     """(budget multiple, T2R + pretrain's test ppl by seed, T2R from scratch's at the same total steps), where run."""
-    runs = lambda model, init: [r["test_ppl"] for r in group(lm, model=model, init=init)]
+    runs = lambda model, init: [r["test_ppl"] for r in group(table1(lm), model=model, init=init)]
     points = [(1, runs("t2r", "pretrained"), runs(LONGER, "random")),
               (2, runs(f"t2r-{DOUBLED}", "pretrained"), runs(f"{LONGER}-{DOUBLED}", "random"))]
     return [p for p in points if p[1] or p[2]]
@@ -267,8 +282,9 @@ def equal_budget_lines(results: dict) -> list:
 FILES = [  # (file, one row per, its columns), the last table of the page
     ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, sru++, t2r, t2r-transfer, t2r-window, "
      "t2r-transfer-window, t2r75 and t2r75top: the two readings of the 75% hybrid), `init` (random; pretrained "
-     "= converted from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, "
-     "`test_ppl`, `train_minutes` (for pretrained rows the finetuning only)"),
+     "= converted from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `teacher` (of a "
+     "pretrained row: the seed of the teacher it converted; Table 1's are seed 0's), `valid_ppl`, `test_ppl`, "
+     "`train_minutes` (for pretrained rows the finetuning only)"),
     ("feature_size.csv", "Fig. 4 run (seed 0)", "`model` (t2r, or t2r_mlp_frozen: the feature-map MLP frozen while "
      "finetuning), `init`, `k`, `seed`, `valid_ppl`, `test_ppl`, `train_minutes`"),
     ("attention.csv", "model in Figs. 5-6", "`stage` (teacher; before_finetuning: the teacher swapped to T2R, "
@@ -329,9 +345,10 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "`python -m experiments.report` rewrites this page from the files beside it.", "",
             model_sizes(edition(results)), "", *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
-            "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
-            "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
+            "With two or three seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; "
+            "a + transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
             "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
+            *teacher_seeds(results["lm"]),
             *curves_section(results, figure), *mqar_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation, seed 0)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
@@ -391,7 +408,7 @@ def seed_counts(counts: set) -> str:
 
 def seed_line(results: dict) -> str:
     """The seeds of each part by name, so that a one-seed part is not hidden behind the largest count."""
-    lm = {len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER}
+    lm = {len(group(table1(results["lm"]), model=model, init=init)) for model, init in LM_ORDER}
     doubled = {len(group(results["lm"], model=f"{model}-{DOUBLED}", init=init))
                for model, init in (("softmax", "random"), ("t2r", "pretrained"), (LONGER, "random"))}
     mt = {len(group(results["mt"], model=model, init=init)) for model, init in MT_ORDER}
@@ -410,7 +427,7 @@ def seed_line(results: dict) -> str:
 def summary_page(results: dict, claims: list, controls: list, link: str) -> list:
     """Under 40 lines, for the top-level README: two short lines first (what was checked, how many held, on what
     scale; the link to the page), then the headline numbers beside the paper's, the runs, and every verdict."""
-    lm, mt = results["lm"], results["mt"]
+    lm, mt = table1(results["lm"]), results["mt"]
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",
@@ -457,7 +474,7 @@ def write_report(results_dir: str):
         if rows:
             plot(rows, *extra, footer, os.path.join(results_dir, name))
     if budget_points(results["lm"]):
-        plot_equal_budget(budget_points(results["lm"]), equal_budget_gaps(results["lm"]), footer,
+        plot_equal_budget(budget_points(results["lm"]), equal_budget_gaps(table1(results["lm"])), footer,
                           os.path.join(results_dir, "equal_budget.png"))
     if results["mqar"]:
         plot_mqar(selected(results["mqar"]), mqar_provenance(results["mqar_machine"]).replace("`", ""),

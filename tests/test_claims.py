@@ -306,6 +306,16 @@ def test_the_equal_budget_gaps_are_the_checks_numbers(doubled, expected):
     assert claims.equal_budget_gaps(rows) == expected
 
 
+def test_table_1s_claims_read_the_teacher_over_its_seeds_and_the_conversions_of_its_seed_0_run():
+    """A conversion of the seed-1 teacher is not Table 1's T2R + pretrain (135 and 136, teacher 0's); the teacher's
+    row is all its seeds (130, 131, 132: half the range 1, added to T2R's 0.5)."""
+    rows = [lm_row("softmax", "random", v, s) for s, v in enumerate((130.0, 131.0, 132.0))]
+    rows += [dict(lm_row("t2r", "pretrained", v, s), teacher=t) for s, t, v in ((0, 0, 136.0), (1, 0, 135.0),
+                                                                                (1, 1, 150.0))]
+    (gap,) = [c for c in claims.all_claims(dict(lm=rows, fs=[], att=[], mt=[])) if c[0].startswith("a gap remains")]
+    assert gap[2].startswith("135.50 vs 131.00 (spread 1.50)") and gap[3] == "yes", gap
+
+
 def test_lm_claims_say_no_within_noise_and_not_applicable():
     base = [lm_row("softmax", "random", 120.0), lm_row("t2r", "random", 130.0), lm_row("elu", "random", 131.0),
             lm_row("rfa", "random", 132.0), lm_row("t2r75", "pretrained", 115.0)]
