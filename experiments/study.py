@@ -118,7 +118,8 @@ TEACHER_SEEDS = TEACHERS[1:]  # the 1x teacher trained again: a conversion inher
 def teacher_seed_runs(out: str, size: dict) -> list:
     """The 1x teacher trained again with each of TEACHER_SEEDS and converted to T2R (k = 32) with the same seed, as the
     plan converts seed 0's (t2r-pretrained-k32-s0): with it the conversion arm of the equal-budget comparison, one
-    conversion a teacher. The lm stage trains them after lm_runs; `--stage teachers` trains these alone."""
+    conversion a teacher (experiments/claims.py's conversion_arm). The lm stage trains them after lm_runs; `--stage
+    teachers` trains these alone."""
     plan = {run.name: run for run in lm_runs(out, size)}
     teacher, conversion = plan["softmax-random-s0"], plan[f"t2r-pretrained-k{MAIN_K}-s0"]
     runs = []

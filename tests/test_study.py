@@ -442,6 +442,9 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
     assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # the seed-0 teacher's two: mean, half the range
+    # at equal budgets one conversion a teacher (106.25, 107.25, 108.25) against three seeds from scratch
+    assert "| 107.25 (106.25, 107.25, 108.25; 3 runs: a conversion of each of the teacher's seeds 0, 1, 2) vs " \
+        "122.25 (121.25, 122.25, 123.25; 3 seeds); Welch's t -18.37 (df 4.0)" in text
     assert "**Of 16 checks of the paper's claims at CPU scale, 16 agreed, 0 did not, 0 were inconclusive** (3 not " \
         "measured yet)" in text
     quick = study.LM_SIZES["quick"]  # the page's budgets are the edition's that ran
@@ -583,6 +586,25 @@ def test_without_the_test_corpus_a_pairs_table_not_of_these_runs_is_refused_in_o
     assert "mt_pairs.csv needs the translators' test references, and their corpus is not prepared here: run " \
         "train_mt.py once" in str(refused.value) and "\n" not in str(refused.value)
     assert (tmp_path / "results" / "lm_ptb.csv").read_bytes() == committed("lm_ptb.csv"), "nothing is written"
+
+
+def test_the_equal_budget_table_names_each_arms_runs_and_teachers_with_welch_and_the_permutation_p():
+    """At 1x one conversion of each of the teacher's seeds against three seeds from scratch: Welch's t (df), its
+    two-sided p and the exact permutation p; at 2x one run a side, and no p. [101, 102, 103] against [104, 105, 106]:
+    t = -3 / sqrt(2/3) = -3.67 on 2 (3 - 1) = 4 df; the observed split and its mirror the farthest of 20: p 0.10."""
+    rows = [dict(model="t2r", init="pretrained", seed=t, teacher=t, test_ppl=101.0 + t) for t in (0, 1, 2)]
+    rows += [dict(model="t2r", init="pretrained", seed=1, teacher=0, test_ppl=90.0)]  # Table 1's, not the arm's
+    rows += [dict(model="t2r-longer", init="random", seed=s, test_ppl=104.0 + s) for s in (0, 1, 2)]
+    rows += [dict(model="t2r-2x", init="pretrained", seed=0, teacher=0, test_ppl=99.0),
+             dict(model="t2r-longer-2x", init="random", seed=0, test_ppl=98.0)]
+    table = study_report.equal_budget_section({"lm": rows, "machine": {}}, lambda *a: [])
+    print("\n".join(table))
+    assert table[2].endswith("| 102.00 ± 1.00 (3 runs: a conversion of each of the teacher's seeds 0, 1, 2) | "
+                             "105.00 ± 1.00 (3 seeds) | -3.67 (4.0), 0.021 | 0.10 |")
+    assert table[3].endswith("| 99.00 (1 run: the conversion of the 2x teacher, seed 0) | 98.00 (1 seed) | "
+                             "- (one run a side) | - |")
+    assert "- PTB at 2x (5,760 steps): T2R + pretrain 99.00 (1 run: the conversion of the 2x teacher, seed 0) " \
+        "against T2R from scratch 98.00 (1 seed), +1.00 test ppl; one seed a side: no p can be computed." in table
 
 
 def test_table_1_gives_the_teacher_over_its_seeds_and_the_pretrain_rows_of_the_seed_0_teacher():
