@@ -18,7 +18,8 @@ from experiments.claims_attention import feature_claims
 from experiments.records import RETRAINED
 from experiments import rules
 from experiments.rules import COMPARABLE_BLEU, CONVERGED, FEATURE_MARGIN, SINGLE_RUN_NOISE, STRONG, beside
-from experiments.verdicts import NOT_MEASURED, group, half_range, ordering, verdict
+from experiments.verdicts import (NOT_MEASURED, exact_permutation_p, group, half_range, ordering, two_arms, verdict,
+                                  welch)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ HYBRIDS = {"t2r75": "every 4th layer from the top kept: of 4, the bottom one", "
 LONGER = "t2r-longer"  # T2R from scratch for the conversion's total steps: experiments/study.py's control
 DOUBLED = "2x"  # the suffix of a model trained at twice every budget (teacher, finetuning, T2R from scratch)
 LONGER_SEEDS = (0, 1, 2)  # the equal-budget control's seeds (at twice the budget: seed 0)
+TEACHERS = (0, 1, 2)  # the 1x teacher's seeds: each converted once, T2R + pretrain's arm at equal budgets
 RETRAINED_TEACHER = f"softmax-{RETRAINED}"  # the teacher trained again (same flags, another machine: other weights)
 
 
@@ -258,10 +260,81 @@ def equal_budget_numbers(lm: list, suffix: str) -> tuple | None:
 
 
 def equal_budget_gaps(lm: list) -> list:
-    """(budget multiple, T2R + pretrain's mean test ppl minus from scratch's, the noise the check holds it against),
-    for each budget whose two sides have run: what equal_budget.png draws beside the seeds."""
-    numbers = [(multiple, equal_budget_numbers(lm, suffix)) for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}"))]
+    """(budget multiple, T2R + pretrain's mean test ppl minus from scratch's, their half ranges added), for each
+    budget whose two sides have run, T2R + pretrain one conversion a teacher: what equal_budget.png draws."""
+    numbers = [(multiple, equal_budget_numbers(equal_budget_rows(lm, suffix), suffix))
+               for multiple, suffix in ((1, ""), (2, f"-{DOUBLED}"))]
     return [(multiple, n[0] - n[1], n[2]) for multiple, n in numbers if n is not None]
+
+
+# -----------------------------------------------------------------------------
+# Equal budgets with one conversion a teacher: the 1x teacher trained with each of TEACHERS and each converted once,
+# with its own seed (experiments/study.py's teacher_seed_runs), against T2R from scratch's seeds.
+
+def table1(lm: list) -> list:
+    """Table 1's rows: every run but the conversions of the teacher's other seeds (a row's `teacher`: the seed of the
+    teacher it converted; empty from random init, and in an older CSV without the column). Its + pretrain rows are
+    the seed-0 teacher's, as ELU's and RFA's are; its teacher's row every seed of the teacher."""
+    return [r for r in lm if not r.get("teacher")]
+
+
+def conversion_arm(lm: list, suffix: str = "") -> list:
+    """T2R + pretrain's runs at equal budgets: one conversion a teacher, the one finetuned with its teacher's seed
+    (at 1x the teacher's seeds 0, 1 and 2; at twice the budget, suffix "-2x", one teacher and one conversion)."""
+    return [r for r in group(lm, model=f"t2r{suffix}", init="pretrained")
+            if (r.get("teacher") or 0) == (r.get("seed") or 0)]
+
+
+def equal_budget_rows(lm: list, suffix: str) -> list:
+    """Table 1's rows with T2R + pretrain's (at the budget of suffix) the comparison's arm instead."""
+    arm = (f"t2r{suffix}", "pretrained")
+    return [r for r in table1(lm) if (r["model"], r["init"]) != arm] + conversion_arm(lm, suffix)
+
+
+def conversions_of(arm: list, budget: int = 1) -> str:
+    """"3 runs: a conversion of each of the teacher's seeds 0, 1, 2": the arm's runs by the teacher they converted."""
+    teacher = "the teacher" if budget == 1 else f"the {budget}x teacher"
+    seeds = ", ".join(str(r.get("teacher") or 0) for r in arm)
+    if len(arm) < 2:
+        return f"1 run: the conversion of {teacher}, seed {seeds}" if arm else "0 runs"
+    return f"{len(arm)} runs: a conversion of each of {teacher}'s seeds {seeds}"
+
+
+def p_value(p: float) -> str:
+    """Two decimals, or two significant digits below 0.1: 0.11, 0.10, 0.024."""
+    return f"{p:.2f}" if p >= 0.1 else f"{p:.2g}"
+
+
+def equal_budget_arms_check(lm: list) -> tuple:
+    """The equal-budget comparison at 1x, one conversion a teacher against T2R from scratch's seeds, judged by the
+    two-arms rule (verdicts.two_arms, set before the conversions of the teacher's seeds 1 and 2 ran), with Welch's
+    t and the exact permutation p; beside it the verdicts of the rules before it on the same runs: equal-budget (the
+    means against each side's half range, added) and equal-budget-t2r-spread (against Table 1's T2R spreads)."""
+    claim, paper, waiting, earlier = equal_budget_check(equal_budget_rows(lm, ""), "")
+    if earlier == NOT_MEASURED:
+        return claim, paper, waiting, earlier
+    arm = conversion_arm(lm)
+    converted, scratch = [r["test_ppl"] for r in arm], [r["test_ppl"] for r in group(lm, model=LONGER, init="random")]
+    mean = lambda values: sum(values) / len(values)
+    listed = lambda values: ", ".join(f"{v:.2f}" for v in values)
+    ours = (f"{mean(converted):.2f} ({listed(converted)}; {conversions_of(arm)}) vs {mean(scratch):.2f} "
+            f"({listed(scratch)}; {len(scratch)} seed{'s' * (len(scratch) > 1)})")
+    for n, one, more in ((len(TEACHERS) - len(arm), "teacher's conversion", "teachers' conversions"),
+                         (len(LONGER_SEEDS) - len(scratch), "seed from scratch", "seeds from scratch")):
+        ours += f"; {n} more {one if n == 1 else more} running" if n > 0 else ""
+    if min(len(converted), len(scratch)) < 2:
+        held = NOT_MEASURED
+        ours += "; the two-arms rule needs two runs a side"
+    else:
+        held = two_arms(converted, scratch)
+        t, df, p = welch(converted, scratch)
+        smallest = (2 if len(converted) == len(scratch) else 1) / math.comb(len(converted) + len(scratch), len(scratch))
+        ours += (f"; Welch's t {t:.2f} (df {df:.1f}), two-sided p {p_value(p)}; exact permutation p "
+                 f"{exact_permutation_p(converted, scratch):.2f} (at least {smallest:.2f}, {len(converted)} runs "
+                 f"against {len(scratch)})")
+    _, spread, _ = lm_readers(table1(lm))
+    first = rules.ordered(mean(converted), mean(scratch), spread("t2r") + spread("t2r", "random"))
+    return (claim, paper, ours + beside("equal-budget", earlier) + beside("equal-budget-t2r-spread", first), held)
 
 
 # -----------------------------------------------------------------------------
@@ -482,12 +555,15 @@ def verdict_legend() -> str:
 def all_claims(results: dict) -> list:
     """The paper's claims, one check per claim, each on the paper's own comparison, in the paper's order: Table 1,
     Figs. 4-6, Table 2, Fig. 2."""
-    return (lm_claims(results["lm"], results.get("curves", []))
-            + feature_claims(results["fs"], results["att"], results["lm"])
+    lm = table1(results["lm"])  # the + pretrain rows of the seed-0 teacher; the teacher's row all its seeds
+    return (lm_claims(lm, results.get("curves", [])) + feature_claims(results["fs"], results["att"], lm)
             + mt_claims(results["mt"], results.get("mt_pairs", [])) + length_claims(results.get("bench", [])))
 
 
 def all_controls(results: dict) -> list:
     """The study's own checks beside the paper's: its controls (equal budgets, the teacher trained on) and the
-    ablation of the 75% hybrid's other reading."""
-    return lm_controls(results["lm"]) + mt_controls(results["mt"], results.get("mt_pairs", []))
+    ablation of the 75% hybrid's other reading. At 1x the equal budgets' check is one conversion a teacher's, by the
+    two-arms rule (equal_budget_arms_check), in the place of lm_controls' first check (the rule before, on Table 1's
+    seeds of one teacher: its verdict on the new arm stands beside)."""
+    _, *rest = lm_controls(table1(results["lm"]))
+    return [equal_budget_arms_check(results["lm"]), *rest] + mt_controls(results["mt"], results.get("mt_pairs", []))

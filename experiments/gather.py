@@ -22,7 +22,10 @@ from support.runtime import UserError, write_csv, write_json
 # -----------------------------------------------------------------------------
 # The tables
 
-LM_COLUMNS = ["model", "init", "k", "seed", "valid_ppl", "test_ppl", "train_minutes"]
+# teacher: of a converted run, the seed of the teacher it started from (Table 1's: 0; the equal-budget comparison
+# converts each of the teacher's seeds)
+LM_COLUMNS = ["model", "init", "k", "seed", "teacher", "valid_ppl", "test_ppl", "train_minutes"]
+FEATURE_COLUMNS = [c for c in LM_COLUMNS if c != "teacher"]  # Fig. 4's runs: all the seed-0 teacher's
 CURVE_COLUMNS = ["task", "model", "init", "step", "tokens", "valid_loss"]
 ATTENTION_COLUMNS = ["stage", "k", "distance", "entropy", "empty_rows", "valid_ppl", "windows"]
 MT_COLUMNS = ["model", "init", "k_cross", "k_causal", "bleu", "valid_bleu", "tok_bleu", "tokens_per_s", "speed_low",
@@ -273,7 +276,7 @@ def gather(results_dir: str, lm_plan: list, mt_plan: list, quick: bool, records:
     refuse_fewer(results_dir, lm_plan + mt_plan)
     lm = lm_rows(lm_plan)
     for name, columns, rows in [("lm_ptb.csv", LM_COLUMNS, table1_rows(lm)),
-                                ("feature_size.csv", LM_COLUMNS, feature_size_rows(lm)),
+                                ("feature_size.csv", FEATURE_COLUMNS, feature_size_rows(lm)),
                                 ("attention.csv", ATTENTION_COLUMNS, attention_rows(lm_plan, lm)),
                                 ("mt.csv", MT_COLUMNS, mt_rows(mt_plan)),
                                 ("mt_pairs.csv", MT_PAIRS_COLUMNS,

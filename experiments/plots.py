@@ -163,10 +163,11 @@ def plot_mqar(rows: list, footer: str, path: str):
 
 
 def plot_equal_budget(points: list, gaps: list, footer: str, path: str):
-    """points: (budget multiple, the conversion's seeds' test ppl, from scratch's), as report.budget_points gives;
-    gaps: (budget multiple, the conversion's mean minus from scratch's, the check's noise), claims.equal_budget_gaps."""
+    """points: (budget multiple, the conversions' test ppl (one a teacher), from scratch's), as report.budget_points
+    gives; gaps: (budget multiple, the conversions' mean minus from scratch's, their half ranges added),
+    claims.equal_budget_gaps."""
     plt, fig, (ax, right) = new_figure(2, 10)
-    for i, (name, style) in enumerate((("T2R + pretrain (teacher, then finetuning)", "o-"),
+    for i, (name, style) in enumerate((("T2R + pretrain (a teacher, then finetuning; one run a teacher)", "o-"),
                                        ("T2R from scratch, the same total steps", "s--"))):
         seen = [(budget, runs[i]) for budget, *runs in points if runs[i]]
         for budget, ppl in seen:
@@ -179,8 +180,8 @@ def plot_equal_budget(points: list, gaps: list, footer: str, path: str):
     right.errorbar([b for b, _, _ in gaps], [g for _, g, _ in gaps], yerr=[n for _, _, n in gaps], fmt="o",
                    color="C2", capsize=4)
     right.set_ylabel("T2R + pretrain minus from scratch (test ppl)")
-    right.set_title("the gap at each budget; above 0: from scratch better;\nbars: the seeds' spread, as the "
-                    "check's (no trend read)", fontsize=9)
+    right.set_title("the gap at each budget; above 0: from scratch better;\nbars: each side's half range, added "
+                    "(no trend read)", fontsize=9)
     ax.set_title("each seed; the line: their mean", fontsize=9)
     for axis in (ax, right):
         axis.set_xticks(sorted({p[0] for p in points}), [f"{p[0]}x" for p in sorted(points)])

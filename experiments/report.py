@@ -26,7 +26,8 @@ import re
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 from experiments.claims import (DOUBLED, LONGER, PAPER_LM, PAPER_MT, RETRAINED_TEACHER, all_claims, all_controls,
-                                bootstrap_interval, convergence_checks, equal_budget_gaps, model_name, verdict_legend)
+                                bootstrap_interval, conversion_arm, conversions_of, convergence_checks,
+                                equal_budget_gaps, model_name, p_value, table1, verdict_legend)
 from experiments.plots import plot_attention, plot_equal_budget, plot_feature_size, plot_learning_curves, plot_mqar
 from experiments.provenance import machine_lines, mqar_provenance, partial_banner, provenance, short_provenance
 from experiments.records import read
@@ -102,6 +103,8 @@ def mean_spread(values: list) -> str:
 
 
 def lm_table(lm: list) -> list:
+    """Table 1: its rows (claims.table1), each the mean of its seeds."""
+    lm = table1(lm)
     lines = ["| model | k | seeds | valid ppl | test ppl | train minutes | paper valid / test (WT103) |",
              "|---|---|---|---|---|---|---|"]
     for model, init in LM_ORDER:
@@ -114,6 +117,19 @@ def lm_table(lm: list) -> list:
                      f"{mean_spread([r['train_minutes'] for r in rows])} | "
                      f"{f'{paper.valid} / {paper.test}' if paper else 'not in the paper'} |")
     return lines
+
+
+def teacher_seeds(lm: list) -> list:
+    """The teacher's seeds under Table 1, with their standard deviation, where it was trained with more than one."""
+    runs = [r["test_ppl"] for r in group(lm, model="softmax", init="random")]
+    if len(runs) < 2:
+        return []
+    mean = sum(runs) / len(runs)
+    sd = (sum((x - mean) ** 2 for x in runs) / (len(runs) - 1)) ** 0.5
+    listed = ", ".join(f"{x:.2f}" for x in runs)
+    return [f"The teacher: {len(runs)} seeds, test ppl {listed} (mean {mean:.2f}, SD {sd:.2f}); the + pretrain rows "
+            "convert its seed-0 run, as the paper converts one teacher; a conversion of each of its seeds is the "
+            "equal-budget comparison's (below).", ""]
 
 
 def feature_table(results: dict) -> list:
@@ -164,11 +180,24 @@ def mt_table(mt: list) -> list:
 
 
 def budget_points(lm: list) -> list:
-    """(budget multiple, T2R + pretrain's test ppl by seed, T2R from scratch's at the same total steps), where run."""
-    runs = lambda model, init: [r["test_ppl"] for r in group(lm, model=model, init=init)]
-    points = [(1, runs("t2r", "pretrained"), runs(LONGER, "random")),
-              (2, runs(f"t2r-{DOUBLED}", "pretrained"), runs(f"{LONGER}-{DOUBLED}", "random"))]
+    """(budget multiple, T2R + pretrain's test ppl, one conversion a teacher (claims.conversion_arm), T2R from
+    scratch's at the same total steps, by seed), where run."""
+    runs = lambda rows: [r["test_ppl"] for r in rows]
+    points = [(1, runs(conversion_arm(lm)), runs(group(lm, model=LONGER, init="random"))),
+              (2, runs(conversion_arm(lm, f"-{DOUBLED}")), runs(group(lm, model=f"{LONGER}-{DOUBLED}", init="random")))]
     return [p for p in points if p[1] or p[2]]
+
+
+def arm_of(lm: list, budget: int) -> str:
+    """T2R + pretrain's runs at a budget (1 or 2), by the teacher each converted."""
+    return conversions_of(conversion_arm(lm, "" if budget == 1 else f"-{DOUBLED}"), budget)
+
+
+def arms_tests(converted: list, scratch: list) -> tuple | None:
+    """(Welch's t, its df, its two-sided p, the exact permutation p) where each side has two runs or more."""
+    if min(len(converted), len(scratch)) < 2:
+        return None
+    return (*welch(converted, scratch), exact_permutation_p(converted, scratch))
 
 
 def equal_budget_section(results: dict, figure) -> list:
@@ -177,10 +206,20 @@ def equal_budget_section(results: dict, figure) -> list:
         return []
     size = LM_SIZES[edition(results)]
     steps = size["pretrain_steps"] + size["finetune_steps"]
-    return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps |", "|---|---|---|---|",
-            *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({seeds(c)}) | {mean_spread(r)} ({seeds(r)}) |"
-              for b, c, r in points], "", *equal_budget_lines(results), "",
+    return ["| budget | total steps | T2R + pretrain | T2R from scratch, the same steps | Welch's t (df), two-sided p "
+            "| exact permutation p |", "|---|---|---|---|---|---|",
+            *[f"| {b}x | {b * steps:,} | {mean_spread(c)} ({arm_of(results['lm'], b)}) | {mean_spread(r)} "
+              f"({seeds(r)}) | {tests_cells(c, r)} |" for b, c, r in points], "", *equal_budget_lines(results), "",
             *figure("equal_budget.png", "Equal budgets", "lm_ptb.csv")]
+
+
+def tests_cells(converted: list, scratch: list) -> str:
+    """The equal-budget table's last two cells: Welch's t (df), its two-sided p | the exact permutation p."""
+    found = arms_tests(converted, scratch)
+    if found is None:
+        return f"- ({'one run a side' if max(len(converted), len(scratch)) < 2 else 'a side of one run'}) | -"
+    t, df, p, exact = found
+    return f"{t:.2f} ({df:.1f}), {p_value(p)} | {exact:.2f}"
 
 
 def seeds(runs: list) -> str:
@@ -234,20 +273,21 @@ def headline(claims: list) -> str:
 def equal_budget_lines(results: dict) -> list:
     """One sentence per equal-budget comparison (PTB at 1x and 2x, translation), with its seeds and the test its
     seeds allow: Welch's t and the exact permutation p where each side has two runs or more, the paired bootstrap
-    over the test sentences for the translators; a side of one seed has no p."""
+    over the test sentences for the translators; a side of one seed has no p. T2R + pretrain: one conversion a
+    teacher (claims.conversion_arm), named by the teacher's seeds."""
     lines, size = [], LM_SIZES[edition(results)]
     steps = size["pretrain_steps"] + size["finetune_steps"]
     for budget, converted, scratch in budget_points(results["lm"]):
         if not (converted and scratch):
             continue
         text = (f"PTB at {budget}x ({budget * steps:,} steps): T2R + pretrain {mean_spread(converted)} "
-                f"({seeds(converted)}) against T2R from scratch {mean_spread(scratch)} ({seeds(scratch)}), "
-                f"{sum(converted) / len(converted) - sum(scratch) / len(scratch):+.2f} test ppl")
-        if min(len(converted), len(scratch)) >= 2:
-            t, df, p = welch(converted, scratch)
-            text += (f"; Welch's t {t:.2f} (df {df:.1f}), two-sided p = {p:.2f}; exact permutation p = "
-                     f"{exact_permutation_p(converted, scratch):.2f} over every split of the {len(converted + scratch)}"
-                     f" runs")
+                f"({arm_of(results['lm'], budget)}) against T2R from scratch {mean_spread(scratch)} "
+                f"({seeds(scratch)}), {sum(converted) / len(converted) - sum(scratch) / len(scratch):+.2f} test ppl")
+        found = arms_tests(converted, scratch)
+        if found:
+            t, df, p, exact = found
+            text += (f"; Welch's t {t:.2f} (df {df:.1f}), two-sided p = {p_value(p)}; exact permutation p = "
+                     f"{exact:.2f} over every split of the {len(converted + scratch)} runs")
         else:
             text += "; one seed a side: no p can be computed"
         lines.append(f"- {text}.")
@@ -267,8 +307,10 @@ def equal_budget_lines(results: dict) -> list:
 FILES = [  # (file, one row per, its columns), the last table of the page
     ("lm_ptb.csv", "Table 1 run", "`model` (softmax, elu, rfa, sru++, t2r, t2r-transfer, t2r-window, "
      "t2r-transfer-window, t2r75 and t2r75top: the two readings of the 75% hybrid), `init` (random; pretrained "
-     "= converted from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `valid_ppl`, "
-     "`test_ppl`, `train_minutes` (for pretrained rows the finetuning only)"),
+     "= converted from the teacher, and for softmax the control), `k` (empty for softmax), `seed`, `teacher` (of a "
+     "pretrained row: the seed of the teacher it converted; Table 1's are seed 0's, the conversions of seeds 1 and 2 "
+     "the equal-budget comparison's), `valid_ppl`, `test_ppl`, `train_minutes` (for pretrained rows the finetuning "
+     "only)"),
     ("feature_size.csv", "Fig. 4 run (seed 0)", "`model` (t2r, or t2r_mlp_frozen: the feature-map MLP frozen while "
      "finetuning), `init`, `k`, `seed`, `valid_ppl`, `test_ppl`, `train_minutes`"),
     ("attention.csv", "model in Figs. 5-6", "`stage` (teacher; before_finetuning: the teacher swapped to T2R, "
@@ -329,9 +371,10 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "`python -m experiments.report` rewrites this page from the files beside it.", "",
             model_sizes(edition(results)), "", *partial_banner(machine),
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
-            "With two seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; a "
-            "+ transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
+            "With two or three seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; "
+            "a + transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
             "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
+            *teacher_seeds(results["lm"]),
             *curves_section(results, figure), *mqar_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation, seed 0)", "", *feature_table(results), "",
             *teacher_entropy(results["att"]),
@@ -342,12 +385,12 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "One check per claim of the paper, on the comparison the paper made (the teacher, its budgets).", "",
             *claims_table(claims), "",
             "## The study's controls and ablations", "",
-            "Checks the paper did not make: T2R + pretrain against T2R from scratch for the same total steps (three "
-            "seeds, and once at twice every budget), against the teacher trained on for the finetuning's steps, and "
-            "the 75% hybrid's other reading (the top layer kept); and the decoding speed on the test sentences (the "
-            "paper's Table 2 points to Fig. 2 for speed, checked above). At twice the budget a side with one seed "
-            "takes its "
-            "1x seeds' spread.", "", *claims_table(controls), "",
+            "Checks the paper did not make: T2R + pretrain against T2R from scratch for the same total steps (at 1x a "
+            "conversion of each of three teachers, trained with seeds 0, 1 and 2, against three seeds from scratch, by "
+            "the two-arms rule; at twice every budget one run a side), against the teacher trained on for the "
+            "finetuning's steps, and the 75% hybrid's other reading (the top layer kept); and the decoding speed on "
+            "the test sentences (the paper's Table 2 points to Fig. 2 for speed, checked above). At twice the budget "
+            "a side with one seed takes its 1x seeds' spread.", "", *claims_table(controls), "",
             *equal_budget_section(results, figure), verdict_legend(), "",
             "## The rules, dated", "",
             "Every verdict's rule, with the commit that set it and whether its runs had finished by then "
@@ -391,7 +434,7 @@ def seed_counts(counts: set) -> str:
 
 def seed_line(results: dict) -> str:
     """The seeds of each part by name, so that a one-seed part is not hidden behind the largest count."""
-    lm = {len(group(results["lm"], model=model, init=init)) for model, init in LM_ORDER}
+    lm = {len(group(table1(results["lm"]), model=model, init=init)) for model, init in LM_ORDER}
     doubled = {len(group(results["lm"], model=f"{model}-{DOUBLED}", init=init))
                for model, init in (("softmax", "random"), ("t2r", "pretrained"), (LONGER, "random"))}
     mt = {len(group(results["mt"], model=model, init=init)) for model, init in MT_ORDER}
@@ -410,7 +453,7 @@ def seed_line(results: dict) -> str:
 def summary_page(results: dict, claims: list, controls: list, link: str) -> list:
     """Under 40 lines, for the top-level README: two short lines first (what was checked, how many held, on what
     scale; the link to the page), then the headline numbers beside the paper's, the runs, and every verdict."""
-    lm, mt = results["lm"], results["mt"]
+    lm, mt = table1(results["lm"]), results["mt"]
     rows = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r75", "pretrained"), ("softmax", "pretrained"), (LONGER, "random")]
     lines = ["<!-- the top-level README's Results section: its links are relative to the repository's root -->",

@@ -2,7 +2,9 @@
 Every verdict's rule, in one place and dated: what it says, the thresholds it reads (defined here, and only here),
 the commit that set it, and whether the runs it judges had finished by then. A rule set after its runs' numbers
 were known shows, beside its verdict on the results page, the verdict of the rule in force before them; where the
-study follows the rule set before its runs (Figs. 5 and 6), the later rule's verdict stands beside it instead.
+study follows the rule set before its runs (Figs. 5 and 6), the later rule's verdict stands beside it instead. A rule
+replaced on one check may stay in force on another (equal-budget: in force at twice the budget, beside two-arms at
+1x).
 
 Each entry keeps a fingerprint of its rule (its words, its thresholds and the source of the functions that judge):
 tests/test_claims.py fails when a rule changes without a new dated entry here.
@@ -188,7 +190,7 @@ RULES = [
     Rule("speed-test-sentences", r"T2R decodes faster than ELU \(smaller k\) and than the transformer",
          "every T2R timing pass above every pass of the others: yes; below: **no**; else inconclusive at that "
          "length", (P + "speed_claim",), (), "3cecc7a", "2026-11-23", MT_RUNS, True, "7efd506a8936"),
-    Rule("equal-budget", r"pretraining helps T2R at equal total steps",
+    Rule("equal-budget", r"pretraining helps T2R at equal total steps, at twice every budget",
          "the means against both sides' seeds' spread, added (at twice the budget a side with one seed takes its "
          "1x seeds' spread)", (P + "equal_budget_check", P + "equal_budget_numbers"), (), "c8adb91", "2026-11-27",
          "2026-11-25 (1x, seed 0) to 2026-11-27", False, "a2e9caf5e1ee", beside=("equal-budget-t2r-spread",)),
@@ -209,12 +211,13 @@ RULES = [
     Rule("bleu-equal-budget", r"T2R benefits from pretraining at equal total steps",
          "as bleu-pretraining, against T2R from scratch for the same total steps", (P + "mt_controls",), (),
          "b011617", "2026-11-26", "2026-11-27", True, "e00ee79546ea"),
-    Rule("two-arms", r"\(not yet on the page\)",
+    Rule("two-arms", r"pretraining helps T2R at equal total steps: converted",
          "yes (or **no**) only where every run of one arm is beyond every run of the other and Welch's two-sided p "
          f"is below {SEPARATED}; within noise otherwise: for the equal-budget comparison with one conversion a "
          "teacher",
          (V + "two_arms", V + "welch", V + "exact_permutation_p"), ("SEPARATED",), "c0016fe", "2026-11-28",
-         "not yet run", True, "2bd26704d36a"),
+         "the conversions of the teacher's seeds 1 and 2, 2026-11-28; its other four runs 2026-11-25 to 27", True,
+         "2bd26704d36a", beside=("equal-budget", "equal-budget-t2r-spread")),
     # ---- Since T2R (results/since_t2r.md): set before the runs they judge but the five first-look runs
     Rule("since-near-control", r"an all-linear conversion within 2% of the softmax control",
          f"an all-linear recipe's mean test perplexity over its seeds at most {NEAR_CONTROL:.0%} above the mean of "
@@ -255,8 +258,9 @@ def rules_table() -> list:
     """Every rule on the results page: in force or shown beside, with the commit and date that set it."""
     lines = ["| rule | check | the rule | set | status |", "|---|---|---|---|---|"]
     for rule in RULES:
-        status = "in force" if rule.in_force else "shown beside " + ", ".join(
-            r.id for r in RULES if rule.id in r.beside)
+        shown = [r.id for r in RULES if rule.id in r.beside]
+        status = "; ".join((["in force"] if rule.in_force else []) + ([f"shown beside {', '.join(shown)}"] if shown
+                                                                      else []))
         check = rule.check.replace("\\", "").replace("(.*)", "(...)")  # the pattern as words
         lines.append(f"| {rule.id} | {check} | {rule.words} | {when(rule)} | {status} |")
     return lines

@@ -3,6 +3,7 @@ The reproduction study, its plan and its runs: the paper's Table 1, Fig. 4, Figs
 
     bash experiments/reproduce.sh                    # everything: the runs, then the CSVs, plots and results/README.md
     python -m experiments.study --stage lm           # only the language-model runs (Table 1, Fig. 4)
+    python -m experiments.study --stage teachers     # only the teacher's seeds 1 and 2 and their conversions
     python -m experiments.study --dry_run            # print the plan: every run, its command, done or not
     python -m experiments.study --stage results      # the CSVs and the page again, from out/ or results/runs
     python -m experiments.study --quick              # the whole pipeline at toy sizes (minutes), into out/study-quick
@@ -22,9 +23,10 @@ claims of results/README.md.
 The sizes: about 18 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
 training minutes over the first 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
 56-101, the probes' minutes besides; the two controls since, a 2880-step language model and a translator's
-finetuning, add about 3 hours): it is meant to be stopped and continued, on this machine or another,
-results/runs/ carrying the finished runs. At these sizes the LM teacher is measured short of the convergence rule
-(below): its plateau is several doublings of compute away.
+finetuning, add about 3 hours; the teacher trained again with seeds 1 and 2 and each converted, about 3.5 more: 92
+training minutes a teacher, 10 a conversion, on a 2-core Xeon, 2026-11-28): it is meant to be stopped and continued,
+on this machine or another, results/runs/ carrying the finished runs. At these sizes the LM teacher is measured short
+of the convergence rule (below): its plateau is several doublings of compute away.
 The claims it tests are orderings and ratios, not the paper's absolute numbers.
 """
 
@@ -39,7 +41,7 @@ import sys
 import time
 from dataclasses import replace
 
-from experiments.claims import DOUBLED, LONGER, LONGER_SEEDS  # the from-scratch control: its name, 2x, its seeds
+from experiments.claims import DOUBLED, LONGER, LONGER_SEEDS, TEACHERS  # the equal-budget control's names and seeds
 from experiments.gather import gather
 from experiments.probes import FEATURE_SIZES, MAIN_K, add_probes
 from experiments.records import UNCHECKED, Records, machine, same_value, weights_of
@@ -79,7 +81,8 @@ def lm_runs(out: str, size: dict) -> list:
         size_flag = {} if k is None else {"feature_size": k}
         flags = {**(pretrain if init == "random" else finetune), "attn": attn, **size_flag, "seed": seed,
                  **(extra or {}), "out_dir": os.path.join(out, "lm", name)}
-        return Run(name, "train_lm.py", flags, dict(model=model, init=init, k=k, seed=seed))
+        teacher = {} if init == "random" else {"teacher": 0}  # the seed of the teacher it converts
+        return Run(name, "train_lm.py", flags, dict(model=model, init=init, k=k, seed=seed, **teacher))
 
     elu_k, _ = feature_sizes(Config(**size["model"], attn="elu"))  # the head size
     runs = [run("random", "softmax", None, 0)]  # the teacher, first
@@ -108,14 +111,15 @@ def lm_runs(out: str, size: dict) -> list:
     return runs
 
 
-TEACHER_SEEDS = (1, 2)  # the 1x teacher trained again: a conversion inherits its teacher's seed, which one teacher
-# never samples
+TEACHER_SEEDS = TEACHERS[1:]  # the 1x teacher trained again: a conversion inherits its teacher's seed, which one
+# teacher never samples
 
 
 def teacher_seed_runs(out: str, size: dict) -> list:
     """The 1x teacher trained again with each of TEACHER_SEEDS and converted to T2R (k = 32) with the same seed, as the
-    plan converts seed 0's (t2r-pretrained-k32-s0): the conversion arm of the equal-budget comparison, one conversion
-    a teacher. `--stage teachers` trains and keeps them; the results stage does not read them yet."""
+    plan converts seed 0's (t2r-pretrained-k32-s0): with it the conversion arm of the equal-budget comparison, one
+    conversion a teacher (experiments/claims.py's conversion_arm). The lm stage trains them after lm_runs; `--stage
+    teachers` trains these alone."""
     plan = {run.name: run for run in lm_runs(out, size)}
     teacher, conversion = plan["softmax-random-s0"], plan[f"t2r-pretrained-k{MAIN_K}-s0"]
     runs = []
@@ -126,7 +130,7 @@ def teacher_seed_runs(out: str, size: dict) -> list:
         name = f"t2r-pretrained-k{MAIN_K}-from-s{seed}"
         flags = {**conversion.flags, "seed": seed, "pretrained": os.path.join(again.out_dir, "ckpt.pt"),
                  "out_dir": os.path.join(out, "lm", name)}
-        runs += [again, replace(conversion, name=name, row={**conversion.row, "seed": seed, "teacher_seed": seed},
+        runs += [again, replace(conversion, name=name, row={**conversion.row, "seed": seed, "teacher": seed},
                                 probes=[], flags=flags)]
     return runs
 
@@ -369,8 +373,8 @@ def main(argv=None):
     p = Parser(prog="study.py", description="Reproduce the T2R paper's findings at CPU scale.")
     p.add_argument("--stage", default="all", choices=["all", "lm", "mt", "results", "teachers"],
                    help="one part of the study, its runs and their probes (all: both parts; results: the CSVs and "
-                   "the report, from out/ or the records in results/runs; teachers: the 1x teacher again with seeds "
-                   "1 and 2, each converted, kept but not yet read by the results)")
+                   "the report, from out/ or the records in results/runs; teachers: only the lm part's 1x teacher "
+                   "again with seeds 1 and 2, each converted)")
     p.add_argument("--quick", action="store_true", help="toy sizes, to check the pipeline in minutes (out/study-quick)")
     p.add_argument("--out", default=None, help="where the runs go (default out/study, or out/study-quick)")
     p.add_argument("--results", default=None, help="where the CSVs, plots and README.md go (default results/, "
@@ -386,14 +390,14 @@ def main(argv=None):
     size = "quick" if args.quick else "full"
     lm_plan, mt_plan = lm_runs(out, LM_SIZES[size]), mt_runs(out, MT_SIZES[size])
     add_probes(lm_plan, mt_plan, args.quick)
+    teachers = teacher_seed_runs(out, LM_SIZES[size])  # no probes: the equal-budget comparison reads their test ppl
     records = Records(out, os.path.join(results_dir, "runs"))  # what a new machine continues from
     t0 = time.time()
-    plans = {"all": lm_plan + mt_plan, "lm": lm_plan, "mt": mt_plan,
-             "teachers": teacher_seed_runs(out, LM_SIZES[size])}
+    plans = {"all": lm_plan + teachers + mt_plan, "lm": lm_plan + teachers, "mt": mt_plan, "teachers": teachers}
     if args.stage in plans:
         execute(plans[args.stage], args.dry_run, args.jobs, records)
     if args.stage in ("all", "results") and not args.dry_run:
-        gather(results_dir, lm_plan, mt_plan, args.quick, records)  # out/, or the records of the runs it lacks
+        gather(results_dir, lm_plan + teachers, mt_plan, args.quick, records)  # out/, or the records of those it lacks
         write_report(results_dir)
     print(f"study: {(time.time() - t0) / 60:.1f} minutes this time")
 

@@ -296,14 +296,26 @@ def test_the_doubled_budget_uses_its_own_spread_where_it_has_seeds():
     assert doubled[3] == "**no**" and "(spread 0.75, the 1x seeds')" in doubled[2], doubled
 
 
-@pytest.mark.parametrize("doubled, expected", [(False, [(1, 5.0, 2.0)]), (True, [(1, 5.0, 2.0), (2, 2.0, 2.0)])])
+@pytest.mark.parametrize("doubled, expected", [(False, [(1, 5.0, 2.0)]), (True, [(1, 5.0, 2.0), (2, 2.0, 4.0)])])
 def test_the_equal_budget_gaps_are_the_checks_numbers(doubled, expected):
-    """What equal_budget.png draws: each budget's gap and the noise its check holds it against (2x: borrowed)."""
-    rows = [lm_row("t2r", "pretrained", 129.0 + s, s) for s in (0, 2)]  # 130 ± 1
+    """What equal_budget.png draws: each budget's gap and each side's half range, added; at 1x T2R + pretrain is one
+    conversion a teacher, at 2x a side of one run borrows its 1x spread, Table 1's (of the seed-0 teacher)."""
+    rows = [dict(lm_row("t2r", "pretrained", v, seed), teacher=teacher) for v, seed, teacher in
+            ((129.0, 0, 0), (135.0, 2, 0), (131.0, 2, 2))]  # the arm: 129 and 131, 130 ± 1; Table 1's: 132 ± 3
     rows += [lm_row(claims.LONGER, "random", 124.0 + s, s) for s in (0, 2)]  # 125 ± 1
     rows += [lm_row(f"t2r-{claims.DOUBLED}", "pretrained", 112.0),
              lm_row(f"{claims.LONGER}-{claims.DOUBLED}", "random", 110.0)] if doubled else []
     assert claims.equal_budget_gaps(rows) == expected
+
+
+def test_table_1s_claims_read_the_teacher_over_its_seeds_and_the_conversions_of_its_seed_0_run():
+    """A conversion of the seed-1 teacher is not Table 1's T2R + pretrain (135 and 136, teacher 0's); the teacher's
+    row is all its seeds (130, 131, 132: half the range 1, added to T2R's 0.5)."""
+    rows = [lm_row("softmax", "random", v, s) for s, v in enumerate((130.0, 131.0, 132.0))]
+    rows += [dict(lm_row("t2r", "pretrained", v, s), teacher=t) for s, t, v in ((0, 0, 136.0), (1, 0, 135.0),
+                                                                                (1, 1, 150.0))]
+    (gap,) = [c for c in claims.all_claims(dict(lm=rows, fs=[], att=[], mt=[])) if c[0].startswith("a gap remains")]
+    assert gap[2].startswith("135.50 vs 131.00 (spread 1.50)") and gap[3] == "yes", gap
 
 
 def test_lm_claims_say_no_within_noise_and_not_applicable():
@@ -455,11 +467,22 @@ def test_a_changed_threshold_changes_its_rules_fingerprint(monkeypatch):
     assert rules.fingerprint(rule) != rule.fingerprint
 
 
-def test_every_rule_shown_beside_is_in_the_registry_and_not_in_force():
+def test_every_rule_shown_beside_is_in_the_registry_and_every_rule_out_of_force_is_shown():
+    """A rule may stay in force on one check and be shown beside the rule that replaced it on another (equal-budget:
+    at twice the budget, and beside two-arms at 1x); a rule in force on no check is shown beside one that is."""
+    shown = {other for rule in rules.RULES for other in rule.beside}
+    assert shown <= set(rules.BY_ID)
     for rule in rules.RULES:
-        assert all(other in rules.BY_ID and not rules.BY_ID[other].in_force for other in rule.beside), rule.id
+        assert rule.in_force or rule.id in shown, f"{rule.id} is neither in force nor shown beside a rule"
         if not rule.before_runs and rule.in_force:  # set after its numbers were known: the earlier verdict beside
             assert rule.beside, f"{rule.id} was set after its runs and shows no earlier rule's verdict"
+
+
+def test_the_equal_budget_checks_are_judged_by_two_arms_at_1x_and_by_equal_budget_at_twice_the_budget():
+    results = study_report.read_results(os.path.join(ROOT, "results"))
+    found = {study_report.rule_of(claim) for claim, *_ in claims.all_controls(results)
+             if claim.startswith("pretraining helps T2R at equal total steps")}
+    assert found == {"two-arms", "equal-budget"}
 
 
 def test_every_check_on_the_committed_page_has_one_rule_in_force():
@@ -603,11 +626,20 @@ def test_students_t_two_sided_p_is_the_tables(t, df, p):
 
 
 def test_welch_on_the_studys_runs_gives_the_pages_numbers():
-    """The equal-budget runs at 1x (results/lm_ptb.csv): T2R + pretrain's two seeds of one teacher against T2R from
-    scratch's three: Welch t 2.43, df 2.5, two-sided p 0.11, the numbers the results page gives."""
-    conversions, scratch = [136.3934, 135.0723], [133.3594, 134.6771, 132.5650]
+    """The equal-budget runs at 1x (results/lm_ptb.csv): T2R + pretrain, one conversion of each of the teacher's seeds
+    0, 1 and 2, against T2R from scratch's three seeds: Welch t 4.58, df 2.7, two-sided p 0.024, every split but the
+    observed one and its mirror closer (exact permutation p 0.10): the numbers the results page gives, by which the
+    two-arms rule says the conversions are behind. (The two seeds of one teacher gave t 2.43, df 2.5, p 0.11.)"""
+    lm = study_report.read_results(os.path.join(ROOT, "results"))["lm"]
+    arm = claims.conversion_arm(lm)
+    conversions = [r["test_ppl"] for r in arm]
+    scratch = [r["test_ppl"] for r in verdicts.group(lm, model=claims.LONGER)]
+    assert [(r["seed"], r["teacher"]) for r in arm] == [(0, 0), (1, 1), (2, 2)] and len(scratch) == 3
     t, df, p = verdicts.welch(conversions, scratch)
-    assert (round(t, 2), round(df, 1), round(p, 2)) == (2.43, 2.5, 0.11)
+    assert (round(t, 2), round(df, 1), round(p, 3)) == (4.58, 2.7, 0.024)
+    assert round(verdicts.exact_permutation_p(conversions, scratch), 2) == 0.10
+    assert verdicts.two_arms(conversions, scratch) == "**no**"
+    assert verdicts.welch([136.3934, 135.0723], scratch)[2] > 0.1  # Table 1's two seeds of the seed-0 teacher
 
 
 @pytest.mark.parametrize("low, high, p", [([1, 2, 3], [4, 5, 6], 0.1), ([1, 5, 3], [4, 2, 6], 0.7),
@@ -623,3 +655,58 @@ def test_the_exact_permutation_p_counts_every_split(low, high, p):
     ([132.0, 135.2, 133.0], [135.0, 135.5, 136.0], "within noise")])  # one run of each arm overlaps
 def test_two_arms_differ_only_when_separated_and_welch_agrees(low, high, expected):
     assert verdicts.two_arms(low, high) == expected
+
+
+# The equal-budget comparison with one conversion a teacher (claims.equal_budget_arms_check)
+
+def one_a_teacher(values: list, teachers=(0, 1, 2)) -> list:
+    """T2R + pretrain rows, each the conversion of the teacher of its seed."""
+    return [dict(lm_row("t2r", "pretrained", v, seed=t), teacher=t) for v, t in zip(values, teachers)]
+
+
+def from_scratch(values: list) -> list:
+    return [lm_row(claims.LONGER, "random", v, seed) for seed, v in enumerate(values)]
+
+
+def test_the_arm_is_one_conversion_a_teacher_and_table_1_the_seed_0_teachers():
+    """A conversion of teacher 0 with seed 1 is Table 1's second seed, not the arm's; a conversion of teacher 1 is the
+    arm's, not Table 1's."""
+    rows = one_a_teacher([136.0, 136.5, 137.0]) + [dict(lm_row("t2r", "pretrained", 135.0, seed=1), teacher=0)]
+    rows += [lm_row("t2r", "random", 140.0), lm_row("softmax", "random", 131.0)]
+    assert [(r["seed"], r["teacher"], r["test_ppl"]) for r in claims.conversion_arm(rows)] == [
+        (0, 0, 136.0), (1, 1, 136.5), (2, 2, 137.0)]
+    assert [r["test_ppl"] for r in claims.table1(rows)] == [136.0, 135.0, 140.0, 131.0]
+
+
+@pytest.mark.parametrize("converted, scratch, held, words", [
+    ([136.0, 136.5, 137.0], [133.0, 133.5, 134.0], "**no**",  # every conversion behind, Welch t 7.35 on 4 df
+     "Welch's t 7.35 (df 4.0), two-sided p 0.0018; exact permutation p 0.10 (at least 0.10, 3 runs against 3)"),
+    ([131.0, 131.5, 132.0], [133.0, 133.5, 134.0], "yes", "Welch's t -4.90 (df 4.0)"),
+    ([133.2, 136.5, 137.0], [133.0, 133.5, 134.0], "within noise",  # 133.2 among them: 6 of 20 splits as far
+     "exact permutation p 0.30"),
+    ([136.0, 136.5], [133.0, 133.5, 134.0], "**no**", "1 more teacher's conversion running; Welch's t 7.20"),
+    ([136.0], [133.0, 133.5, 134.0], "not measured", "2 more teachers' conversions running; the two-arms rule needs "
+     "two runs a side")])
+def test_equal_budgets_at_1x_are_judged_by_two_arms_with_the_earlier_rules_beside(converted, scratch, held, words):
+    rows = one_a_teacher(converted) + from_scratch(scratch) + [lm_row("t2r", "random", 140.0)]
+    claim, _, ours, found = claims.equal_budget_arms_check(rows)
+    print(ours)
+    assert found == held and words in ours and study_report.rule_of(claim) == "two-arms"
+    teachers = ", ".join(map(str, range(len(converted))))
+    assert ", ".join(f"{v:.2f}" for v in converted) + "; " + (f"{len(converted)} runs: a conversion of each of the "
+                                                               f"teacher's seeds {teachers}" if len(converted) > 1 else
+                                                               "1 run: the conversion of the teacher, seed 0") in ours
+    # the rule before on the same runs: the means against each side's half range, added
+    gap = sum(converted) / len(converted) - sum(scratch) / len(scratch)
+    noise = verdicts.half_range(converted) + verdicts.half_range(scratch)
+    assert f"by rule equal-budget (set 2026-11-27, after its runs): {verdicts.ordering(gap, 0, noise)}" in ours
+
+
+def test_the_controls_put_the_two_arms_check_first_and_read_table_1_for_the_rest():
+    """The 1x comparison reads the arm; the gap to the softmax control reads Table 1's T2R + pretrain (teacher 0's)."""
+    rows = one_a_teacher([136.0, 136.5, 137.0]) + from_scratch([133.0, 133.5, 134.0])
+    rows += [dict(lm_row("t2r", "pretrained", 135.0, seed=1), teacher=0), lm_row("softmax", "pretrained", 128.0)]
+    controls = claims.all_controls(dict(lm=rows, mt=[]))
+    assert study_report.rule_of(controls[0][0]) == "two-arms" and controls[0][3] == "**no**"
+    (gap,) = [c for c in controls if c[0].startswith("a gap remains")]
+    assert gap[2].startswith("135.50 vs 128.00 (spread 0.50)"), gap  # 136 and 135: teacher 0's two seeds

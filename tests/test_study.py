@@ -237,6 +237,7 @@ def test_plan_covers_every_table_and_figure_row(tmp_path):
             assert flags["attn"] == ("t2r" if r.row["model"].startswith("t2r") else r.row["model"].split("-")[0])
             assert flags.get("feature_size") == r.row["k"]
         assert flags["seed"] == r.row["seed"] and r.out_dir == os.path.join(str(tmp_path), "lm", r.name)
+        assert r.row.get("teacher") == (0 if r.row["init"] == "pretrained" else None)  # the seed-0 teacher's
     assert 5 * size["finetune_steps"] == size["pretrain_steps"]  # finetuning: a fifth of the pretraining steps
     assert len({r.name for r in lm}) == len(lm), "two runs share an out_dir"
     mt_size = study.MT_SIZES["full"]  # finetuning: 2/3 of the teacher's steps and its warmup (Tables 5-6)
@@ -300,6 +301,7 @@ def test_the_teacher_seed_runs_are_the_plans_teacher_and_conversion_with_another
             == {k: v for k, v in original.flags.items() if k not in ("seed", "out_dir", "pretrained")}
         assert same(teacher, plan["softmax-random-s0"]) and same(conversion, plan["t2r-pretrained-k32-s0"])
         assert teacher.flags["seed"] == conversion.flags["seed"] == seed and not teacher.probes
+        assert conversion.row == {**plan["t2r-pretrained-k32-s0"].row, "seed": seed, "teacher": seed}
         assert conversion.flags["pretrained"] == os.path.join(teacher.out_dir, "ckpt.pt")
         assert study.teacher_of(conversion, list(extra.values())) is teacher
 
@@ -308,8 +310,9 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     result = run_in_process("experiments.study", "--quick", "--dry_run", "--out", str(tmp_path / "study"),
                             cwd=tmp_path, check=True)
     print(result.stdout[-400:])
-    assert "52 runs, 0 already done" in result.stdout  # the language models and the translators
-    assert "[42/52] t2r-random-k64-s0: todo" in result.stdout
+    assert "56 runs, 0 already done" in result.stdout  # the language models, the teacher's seeds, the translators
+    assert "[42/56] t2r-random-k64-s0: todo" in result.stdout
+    assert "[46/56] t2r-pretrained-k32-from-s2: todo" in result.stdout
     assert not (tmp_path / "study").exists()
 
 
@@ -391,7 +394,9 @@ def control_lines(page: str) -> list:
 
 def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     out, results = str(tmp_path / "study"), str(tmp_path / "results")
-    lm_plan, mt_plan = study.lm_runs(out, study.LM_SIZES["quick"]), study.mt_runs(out, study.MT_SIZES["quick"])
+    size = study.LM_SIZES["quick"]
+    lm_plan = study.lm_runs(out, size) + study.teacher_seed_runs(out, size)  # as the results stage gathers them
+    mt_plan = study.mt_runs(out, study.MT_SIZES["quick"])
     fake_runs(out, lm_plan, mt_plan)
     gather.gather(results, lm_plan, mt_plan, quick=True)
     study_report.write_report(results)
@@ -409,7 +414,7 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert {r["stage"] for r in att} == {"teacher", "before_finetuning", "finetuned", "mlp_frozen", "random_init"}
     with open(os.path.join(results, "machine.json")) as f:
         machine = json.load(f)
-    assert machine["runs_finished"] == machine["runs_planned"] == 52
+    assert machine["runs_finished"] == machine["runs_planned"] == 56
     assert machine["attention_models"][0] == machine["attention_models"][1] > 0
     assert machine["command"] == "bash experiments/reproduce.sh --quick"
     assert all(os.path.isfile(os.path.join(results, name)) for name in ("feature_size.png", "attention.png",
@@ -418,12 +423,14 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
         text = f.read()
     print(text)
     # the made-up numbers are built so that every claim holds; the 75% hybrid closes (106.75 - 96.05) /
-    # (106.75 - 96.125) = 101% of the gap to the softmax control, and is 0.425 behind the teacher (95.625), inside
-    # the spread of 0.5 (test ppl); the decoding speed on the test sentences is a control, not a claim
+    # (106.75 - 96.125) = 101% of the gap to the softmax control, and is 0.575 ahead of the teacher (95.625, 96.625
+    # and 97.625 over its seeds), inside the spread of 1.5 (test ppl); the decoding speed on the test sentences is a
+    # control, not a claim
     assert "Partial" not in text and study_report.verdict_legend() in text
     assert "101% of the gap closed, -0.08 left (spread 1.00)" in text
-    assert "96.05 vs the teacher's 95.62 (+0.42, spread 0.50); vs the softmax control's 96.12, the same total steps " \
+    assert "96.05 vs the teacher's 96.62 (-0.58, spread 1.50); vs the softmax control's 96.12, the same total steps " \
         "(-0.08, spread 1.00)" in text
+    assert "| Transformer (softmax, the teacher) | - | 3 |" in text
     assert "| Transformer trained on for the finetuning steps (control) | - | 2 |" in text
     claims_, controls = claim_lines(text), control_lines(text)
     judged = [line for line in claims_ if not line.endswith("| not measured |")]  # Fig. 2's: no bench.csv here
@@ -434,7 +441,10 @@ def test_results_tables_and_claims_from_made_up_runs(tmp_path):
     assert len(controls) == 9 and all(line.endswith("| yes |") for line in controls), controls
     assert "the language-model teacher: 0.1% lower validation perplexity over the last fifth of its 4 steps: " \
         "converged" in text
-    assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # two seeds: mean and half the range
+    assert "| T2R + pretrain | 32 | 2 | 111.75 ± 0.50 |" in text  # the seed-0 teacher's two: mean, half the range
+    # at equal budgets one conversion a teacher (106.25, 107.25, 108.25) against three seeds from scratch
+    assert "| 107.25 (106.25, 107.25, 108.25; 3 runs: a conversion of each of the teacher's seeds 0, 1, 2) vs " \
+        "122.25 (121.25, 122.25, 123.25; 3 seeds); Welch's t -18.37 (df 4.0)" in text
     assert "**Of 16 checks of the paper's claims at CPU scale, 16 agreed, 0 did not, 0 were inconclusive** (3 not " \
         "measured yet)" in text
     quick = study.LM_SIZES["quick"]  # the page's budgets are the edition's that ran
@@ -576,6 +586,40 @@ def test_without_the_test_corpus_a_pairs_table_not_of_these_runs_is_refused_in_o
     assert "mt_pairs.csv needs the translators' test references, and their corpus is not prepared here: run " \
         "train_mt.py once" in str(refused.value) and "\n" not in str(refused.value)
     assert (tmp_path / "results" / "lm_ptb.csv").read_bytes() == committed("lm_ptb.csv"), "nothing is written"
+
+
+def test_the_equal_budget_table_names_each_arms_runs_and_teachers_with_welch_and_the_permutation_p():
+    """At 1x one conversion of each of the teacher's seeds against three seeds from scratch: Welch's t (df), its
+    two-sided p and the exact permutation p; at 2x one run a side, and no p. [101, 102, 103] against [104, 105, 106]:
+    t = -3 / sqrt(2/3) = -3.67 on 2 (3 - 1) = 4 df; the observed split and its mirror the farthest of 20: p 0.10."""
+    rows = [dict(model="t2r", init="pretrained", seed=t, teacher=t, test_ppl=101.0 + t) for t in (0, 1, 2)]
+    rows += [dict(model="t2r", init="pretrained", seed=1, teacher=0, test_ppl=90.0)]  # Table 1's, not the arm's
+    rows += [dict(model="t2r-longer", init="random", seed=s, test_ppl=104.0 + s) for s in (0, 1, 2)]
+    rows += [dict(model="t2r-2x", init="pretrained", seed=0, teacher=0, test_ppl=99.0),
+             dict(model="t2r-longer-2x", init="random", seed=0, test_ppl=98.0)]
+    table = study_report.equal_budget_section({"lm": rows, "machine": {}}, lambda *a: [])
+    print("\n".join(table))
+    assert table[2].endswith("| 102.00 ± 1.00 (3 runs: a conversion of each of the teacher's seeds 0, 1, 2) | "
+                             "105.00 ± 1.00 (3 seeds) | -3.67 (4.0), 0.021 | 0.10 |")
+    assert table[3].endswith("| 99.00 (1 run: the conversion of the 2x teacher, seed 0) | 98.00 (1 seed) | "
+                             "- (one run a side) | - |")
+    assert "- PTB at 2x (5,760 steps): T2R + pretrain 99.00 (1 run: the conversion of the 2x teacher, seed 0) " \
+        "against T2R from scratch 98.00 (1 seed), +1.00 test ppl; one seed a side: no p can be computed." in table
+
+
+def test_table_1_gives_the_teacher_over_its_seeds_and_the_pretrain_rows_of_the_seed_0_teacher():
+    import statistics
+    teacher = [131.0543, 131.8103, 131.9679]
+    rows = [dict(model="softmax", init="random", k=None, seed=s, valid_ppl=v + 10, test_ppl=v, train_minutes=90.0)
+            for s, v in enumerate(teacher)]
+    rows += [dict(model="t2r", init="pretrained", k=32, seed=s, teacher=t, valid_ppl=v + 10, test_ppl=v,
+                  train_minutes=10.0) for s, t, v in ((0, 0, 136.0), (1, 0, 135.0), (1, 1, 137.0))]
+    table = "\n".join(study_report.lm_table(rows))
+    assert "| Transformer (softmax, the teacher) | - | 3 | 141.61 ± 0.46 | 131.61 ± 0.46 |" in table
+    assert "| T2R + pretrain | 32 | 2 | 145.50 ± 0.50 | 135.50 ± 0.50 |" in table  # teacher 1's conversion left out
+    (line, _) = study_report.teacher_seeds(rows)
+    assert line.startswith(f"The teacher: 3 seeds, test ppl 131.05, 131.81, 131.97 (mean 131.61, SD "
+                           f"{statistics.stdev(teacher):.2f});"), line
 
 
 @pytest.mark.parametrize("command, edition", [("bash experiments/reproduce.sh", "full"),
