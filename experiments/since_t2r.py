@@ -364,7 +364,20 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
         lines.append(f"- an all-linear conversion within {NEAR_CONTROL:.0%} of the softmax control "
                      f"({mean_sd(control)[0]:.2f}, <= {(1 + NEAR_CONTROL) * mean_sd(control)[0]:.2f}): the best, "
                      f"{best['recipe']}, {best['value']:.2f}: {near_control(values[best['recipe']], control)}")
-    lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in ('since-part-helps', 'since-near-control'))})"]
+    chosen = next((r for r in ptb if r["recipe"] == "t2r+chosen1"), None)
+    if chosen:
+        from t2r import converted_kinds
+        n_layer = size["model"]["n_layer"]
+        every = {i for i, kind in enumerate(converted_kinds(n_layer, "t2r", 4)) if kind == "softmax"}
+        picks = [read_json(os.path.join(ROOT, f, "softmax_layers.json"))["kept"] for f in chosen["runs"].split()]
+        same = all(set(p) == every for p in picks)
+        lines.append(f"- one layer kept softmax, chosen by data, against every 4th (the paper's T2R 75%, of "
+                     f"{n_layer} layers layer {min(every)}, 0 the bottom): the ranking kept layer "
+                     f"{', '.join(str(p[0]) for p in picks)} (seeds {', '.join(str(s) for s in SEEDS[:len(picks)])}): "
+                     + (f"{chosen_beats_every_kth([], [], every, every)}, so the same model: the study's T2R 75% "
+                        "row is it, from the seed-0 teacher" if same else "see the seeds"))
+    rules = ("since-part-helps", "since-near-control", "since-chosen-layers")
+    lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in rules)})"]
     return lines + mqar_lines(rows)
 
 
