@@ -1,9 +1,9 @@
 """
-The decaying state (decay.py) added to a Hugging Face model at the swap, in float64, for each family support/hf.py
-reads (GPT-2's learned positions; the Llama family's rotary positions and grouped-query heads, 2 or 1 key/value heads
-of 4, Qwen2's biases): the student steps and prefills as it runs in parallel, the decay gate decays, convert's
-every-tensor check counts the new gates. Tiny random models stand in for real ones (conftest.tiny_gpt2,
-conftest.tiny_llamas): no network.
+The decaying state (decay.py) and the short convolution (after_t2r.py) added to a Hugging Face model at the swap, in
+float64, for each family support/hf.py reads (GPT-2's learned positions; the Llama family's rotary positions and
+grouped-query heads, 2 or 1 key/value heads of 4, Qwen2's biases): the student steps and prefills as it runs in
+parallel, the convolution starts as the identity, the decay gate decays, convert's every-tensor check counts the new
+parts. Tiny random models stand in for real ones (conftest.tiny_gpt2, conftest.tiny_llamas): no network.
 
     python -m pytest -q -s tests/test_hf_decay_conv.py
 """
@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from after_t2r import attention_transfer, conv_student  # noqa: E402
+from after_t2r import ShortConv, attention_transfer, conv_student  # noqa: E402
 from conftest import LLAMA_FAMILY, report, step_all  # noqa: E402
 from decay import GATE_START, DecayingAttention, decay_student  # noqa: E402
 from support import hf  # noqa: E402
@@ -22,7 +22,7 @@ from t2r import convert, new_tensors, prefill_by_steps  # noqa: E402
 from test_prefill import largest_difference  # noqa: E402
 
 FAMILIES = ["gpt2", *LLAMA_FAMILY]  # gpt2: learned positions, H key/value heads; the rest rotary, grouped
-PARTS = {"decay": (0, True)}  # (--short_conv, --decay)
+PARTS = {"decay": (0, True), "conv4": (4, False), "conv4 and decay": (4, True)}  # (--short_conv, --decay)
 # float64 sums of a few dozen O(1) products in another order (chunks, the state's matrix products, the steps' one at a
 # time): a few ulps (1e-16) apart; 1e-10 leaves room for the layers that follow. A gate or convolution step gone
 # wrong is O(0.1) off (their weights are moved off their start below).
@@ -88,6 +88,23 @@ def test_the_student_prefills_as_it_steps(request, family, part):
                (step_all(model, state, x[:, 13:]) - step_all(model, reference, x[:, 13:])).abs().max().item())
     assert report(f"{family}, {part}: prefill of 5, then 8 in pieces of 3 - by steps (logits, state, steps)",
                   diff) < TIGHT
+
+
+@pytest.mark.parametrize("decay", [False, True])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_at_the_swap_the_convolution_is_the_identity(request, family, decay):
+    """With a new convolution the student computes what the same conversion without one does (the same random feature
+    maps drawn); the convolutions are its only tensors beyond that conversion's, one weight and bias a layer."""
+    part = "conv4 and decay" if decay else "conv4"
+    with_conv = student(request, family, part, moved=False)
+    without = student(request, family, "decay" if decay else None, moved=False)
+    x = tokens(with_conv, (2, 11))
+    with torch.no_grad():
+        difference = (with_conv(x) - without(x)).abs().max()
+    assert report(f"{family}, decay {decay}: with a new convolution - without, at the swap", difference) < 1e-12
+    convolutions = {name for name in with_conv.state_dict() if ".conv." in name}
+    assert new_tensors(with_conv) - new_tensors(without) == convolutions and len(convolutions) == 2 * 2
+    assert all(isinstance(m.conv, ShortConv) and m.conv.kernel == 4 for m in (b.self_attn for b in with_conv.layers))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
