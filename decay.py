@@ -13,6 +13,7 @@ GPT-2, the Llama family) the same: a Llama's gate is one per key/value head, rea
 feature map reads too, and the G query heads sharing that head's [S | z] share its decay.
 
     python train_lm.py --init pretrained --decay                 # T2R with a decaying state
+    python train_lm.py --init pretrained --pretrained hf:FOLDER --decay      # a Hugging Face model's (GPT-2, Llama)
     python -m pytest -q tests/test_decay.py                      # its parallel, chunked, recurrent forms and prefill
 """
 

@@ -3,7 +3,8 @@ The decaying state (decay.py) and the short convolution (after_t2r.py) added to 
 float64, for each family support/hf.py reads (GPT-2's learned positions; the Llama family's rotary positions and
 grouped-query heads, 2 or 1 key/value heads of 4, Qwen2's biases): the student steps and prefills as it runs in
 parallel, the convolution starts as the identity, the decay gate decays, convert's every-tensor check counts the new
-parts. Tiny random models stand in for real ones (conftest.tiny_gpt2, conftest.tiny_llamas): no network.
+parts; train_lm.py converts a Llama folder with both and generate.py decodes it. Tiny random models stand in for real
+ones (conftest.tiny_gpt2, conftest.tiny_llamas): no network.
 
     python -m pytest -q -s tests/test_hf_decay_conv.py
 """
@@ -14,7 +15,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from after_t2r import ShortConv, attention_transfer, conv_student  # noqa: E402
-from conftest import LLAMA_FAMILY, report, step_all  # noqa: E402
+from conftest import LLAMA_FAMILY, assert_check_passes, report, run_in_process, step_all  # noqa: E402
 from decay import GATE_START, DecayingAttention, decay_student  # noqa: E402
 from support import hf  # noqa: E402
 from support.configs import build_model  # noqa: E402
@@ -157,3 +158,38 @@ def test_attention_transfer_passes_the_teachers_attention_on_and_trains_the_new_
     grads = {name: p.grad for name, p in model.named_parameters() if name.endswith(("gate_bias", "conv.weight"))}
     assert len(grads) == 2 * sum(map(bool, PARTS[part]))
     assert all(grad.abs().max() > 0 if name.endswith("gate_bias") else grad is None for name, grad in grads.items())
+
+
+# -----------------------------------------------------------------------------
+# The command line: a Llama folder converted with both parts, finetuned, generating
+
+FINETUNE = ["--max_steps", "2", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
+            "--eval_interval", "2", "--eval_windows", "4", "--log_interval", "1", "--feature_size", "8",
+            "--chunk_size", "8", "--transfer_steps", "0"]
+
+
+def test_train_lm_converts_a_llama_with_decay_and_a_convolution_and_generate_decodes_it(tiny_llamas, tmp_path):
+    """--decay --short_conv 4 on an hf: folder (refused before): the row names both, the checkpoint keeps the family's
+    switches and both parts; generate.py's recurrent logits are its parallel ones (--check), and its greedy text is
+    the same whether the prompt is read in one parallel pass or a step a token."""
+    folder, corpus, _ = tiny_llamas["llama"]
+    result = run_in_process("train_lm.py", "--init", "pretrained", "--pretrained", f"hf:{folder}", "--dataset", corpus,
+                            "--decay", "--short_conv", "4", "--out_dir", str(tmp_path / "run"),
+                            "--cache_dir", str(tmp_path / "cache"), *FINETUNE, cwd=tmp_path)
+    print(result.stdout[-1500:])
+    assert result.returncode == 0, result.stderr
+    assert "| t2r+decay+conv4+pretrain |" in result.stdout
+    assert "new parameters: feature maps, convolutions, decay gates only" in result.stdout
+    checkpoint = torch.load(tmp_path / "run/model.pt", weights_only=True)
+    config, weights = checkpoint["config"], checkpoint["model"]
+    assert (config["decay"], config["short_conv"], config["n_kv_head"], config["rope_theta"]) == (True, 4, 2, 500.0)
+    assert weights["layers.0.self_attn.gate_bias"].shape == (2,) and "layers.1.self_attn.conv.weight" in weights
+    texts = {}
+    for prefill in ("parallel", "step"):
+        gen = run_in_process("generate.py", "--ckpt", str(tmp_path / "run/model.pt"), "--prompt", "w3 w4 w1 w2",
+                             "--num_tokens", "12", "--temperature", "0", "--prefill", prefill, "--check", cwd=tmp_path)
+        assert gen.returncode == 0, gen.stderr
+        assert_check_passes(gen.stdout)
+        texts[prefill] = gen.stdout.split("model.pt: ", 1)[1].split("\n", 1)[1].split("\ntime to the first token")[0]
+    print(texts)
+    assert texts["parallel"] == texts["step"] and texts["parallel"].startswith("w3 w4 w1 w2")
