@@ -20,11 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from decay import DecayingAttention
-from families import FamilyConfig, FamilyLM, GroupedAttention, shared
+from decay import DecayingAttention, GroupedDecayingAttention
+from families import (FamilyConfig, FamilyLM, GroupedAttention, GroupedLinearAttention, GroupedSoftmaxAttention,
+                      shared)
 from layers.states import full_precision, widened
-from t2r import (Config, LinearAttention, Seq2SeqTransformer, SoftmaxAttention, TransformerLM, convert,
-                 linear_attention_chunked_sums, normalize, softmax_attention)
+from t2r import (LinearAttention, Seq2SeqTransformer, SoftmaxAttention, convert, linear_attention_chunked_sums,
+                 normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -278,15 +279,15 @@ def attention_transfer(model: nn.Module, *inputs, mask=None):
 # the few before it ahead of the attention, a depthwise causal convolution of kernel K:
 #   x~_i = b + sum_{j=0}^{K-1} w_j * x_{i-j}      (per channel; x_{i-j} = 0 before the sequence starts)
 # so a head can attend with a key that already holds its neighbour's token. Its recurrent step keeps the last
-# K - 1 inputs: a state of fixed size, like S and z.
+# K - 1 inputs: a state of fixed size, like S and z. A family's model (families.py) takes it as the paper's does.
 
 @dataclass
-class ConvConfig(Config):
+class ConvConfig(FamilyConfig):
     short_conv: int = 3  # K, the kernel of the depthwise causal convolution before each attention layer
     decay: bool = False  # and the causal linear layers' state decays (decay.py): the two parts together
 
-    def __post_init__(self):
-        super().__post_init__()
+    def __post_init__(self, positions=None):
+        super().__post_init__(positions)
         if not isinstance(self.short_conv, int) or self.short_conv < 1:
             raise ValueError(f"short_conv={self.short_conv!r} must be an integer >= 1")
 
@@ -329,18 +330,18 @@ class ConvInput:
         super().__init__(config, *args)
         self.conv = ShortConv(config.d_model, config.short_conv)
 
-    def forward(self, x, source=None, key_mask=None):
-        return super().forward(self.conv(x), source, key_mask)
+    def forward(self, x, source=None, key_mask=None, **position):  # position: a family's rotary angles
+        return super().forward(self.conv(x), source, key_mask, **position)
 
     def init_state(self, batch_size: int, device, dtype):  # the attention's state and the last K - 1 inputs
         last = self.conv.init_state(batch_size, device, dtype)
         return {**super().init_state(batch_size, device, dtype), "conv": last}
 
-    def step(self, x, state):
-        return super().step(self.conv.step(x, state["conv"]), state)
+    def step(self, x, state, **position):
+        return super().step(self.conv.step(x, state["conv"]), state, **position)
 
-    def prefill(self, x, state):
-        return super().prefill(self.conv.prefill(x, state["conv"]), state)
+    def prefill(self, x, state, **position):
+        return super().prefill(self.conv.prefill(x, state["conv"]), state, **position)
 
 
 class ConvSoftmaxAttention(ConvInput, SoftmaxAttention):
@@ -355,6 +356,23 @@ class ConvDecayingAttention(ConvInput, DecayingAttention):
     pass
 
 
+# a family's layers (families.py: rotary positions, grouped-query heads, their biases), each reading the convolution
+class ConvGroupedSoftmaxAttention(ConvInput, GroupedSoftmaxAttention):
+    pass
+
+
+class ConvGroupedLinearAttention(ConvInput, GroupedLinearAttention):
+    pass
+
+
+class ConvGroupedDecayingAttention(ConvInput, GroupedDecayingAttention):
+    pass
+
+
+CONV_LINEAR = {(False, False): ConvLinearAttention, (False, True): ConvDecayingAttention,  # by (grouped, decay)
+               (True, False): ConvGroupedLinearAttention, (True, True): ConvGroupedDecayingAttention}
+
+
 class ConvLayers:
     """The parts of a model whose causal self-attention reads a short convolution's output (an encoder's and a cross
     attention stay as they are)."""
@@ -362,14 +380,15 @@ class ConvLayers:
     def make_attention(self, kind: str, causal: bool, feature_size: int):
         if not causal:
             return super().make_attention(kind, causal, feature_size)
+        grouped = self.config.is_grouped()
         if kind == "softmax":
-            return ConvSoftmaxAttention(self.config, causal)
-        linear = ConvDecayingAttention if getattr(self.config, "decay", False) else ConvLinearAttention
-        return linear(self.config, causal, kind, feature_size)
+            return (ConvGroupedSoftmaxAttention if grouped else ConvSoftmaxAttention)(self.config, causal)
+        return CONV_LINEAR[grouped, self.config.decay](self.config, causal, kind, feature_size)
 
 
-class ConvLM(ConvLayers, TransformerLM):
-    """The paper's language model with a short convolution before each self-attention (MQAR's baselines)."""
+class ConvLM(ConvLayers, FamilyLM):
+    """A language model (the paper's, or a family's: families.py) with a short convolution before each self-attention
+    (MQAR's baselines)."""
 
 
 class ConvTranslator(ConvLayers, Seq2SeqTransformer):

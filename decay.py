@@ -8,9 +8,12 @@ weighted by phi(q_i).phi(k_j) times the decay since position j: prod_{j<l<=i} g_
 The gate: g_i = sigmoid(beta + mean(k_i)), k_i the head's key (its projection of the pretrained teacher, before the
 feature map) and beta one new number per head, starting at 4 (g about 0.98, a memory of ~50 tokens at first; the
 key's mean moves it per position, as Liger builds its gates from the pretrained key projection). The feature map
-reads the same keys, so a decaying layer does not fold (Eq. 8 would drop k's mean).
+reads the same keys, so a decaying layer does not fold (Eq. 8 would drop k's mean). In a family's model (families.py:
+GPT-2, the Llama family) the same: a Llama's gate is one per key/value head, read from its key after the rotation the
+feature map reads too, and the G query heads sharing that head's [S | z] share its decay.
 
     python train_lm.py --init pretrained --decay                 # T2R with a decaying state
+    python train_lm.py --init pretrained --pretrained hf:FOLDER --decay      # a Hugging Face model's (GPT-2, Llama)
     python -m pytest -q tests/test_decay.py                      # its parallel, chunked, recurrent forms and prefill
 """
 
@@ -20,14 +23,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from families import FamilyConfig, FamilyLM, GroupedLinearAttention, shared
 from layers.states import full_precision, widened
-from t2r import Config, LinearAttention, Seq2SeqTransformer, TransformerLM, normalize
+from support.fast_step import add_to_state, read_state
+from t2r import LinearAttention, Seq2SeqTransformer, normalize
 
 GATE_START = 4.0  # beta at the swap: sigmoid(4) = 0.982
 
 
 @dataclass
-class DecayConfig(Config):
+class DecayConfig(FamilyConfig):
     decay: bool = True  # the causal linear layers' state decays (a saved config without the field: t2r.py's)
 
 
@@ -66,6 +71,15 @@ def decayed_chunked_sums(fq, fk, v, log_g, chunk_size: int, S, z):
     return numerator.view(B, H, n * C, d)[:, :, :T], denominator.view(B, H, n * C)[:, :, :T], S, z
 
 
+def decayed_attention(fq, fk, v, log_g, chunk_size: int):
+    """The parallel form in training: chunks of chunk_size from an empty state, or the quadratic form for 0."""
+    if not chunk_size:
+        return decayed_quadratic(fq, fk, v, log_g)
+    S, z = fk.new_zeros(*fk.shape[:2], fk.shape[-1], v.shape[-1]), fk.new_zeros(*fk.shape[:2], fk.shape[-1])
+    numerator, denominator, _, _ = decayed_chunked_sums(fq, fk, v, log_g, chunk_size, S, z)
+    return normalize(numerator, denominator)
+
+
 def decayed_step(fq, fk, v, g, S, z):
     """One position: fq, fk (B, H, k), v (B, H, d), g (B, H); S, z in place -> (B, H, d)."""
     S.mul_(g[..., None, None]).add_(fk[..., :, None] * v[..., None, :])  # S_i = g_i S_{i-1} + phi(k_i) v_i^T
@@ -78,18 +92,14 @@ class DecayingAttention(LinearAttention):
 
     def __init__(self, config, causal: bool, kind: str, feature_size: int):
         super().__init__(config, causal, kind, feature_size)
-        self.gate_bias = nn.Parameter(torch.full((self.n_head,), GATE_START))  # beta, per head
+        heads = self.k_proj.out_features // self.d_head  # one gate per head of keys (H here; fewer in a Llama's)
+        self.gate_bias = nn.Parameter(torch.full((heads,), GATE_START))  # beta, per head
 
     def log_gate(self, k):  # k (B, H, T, d) -> log g (B, H, T), in k's dtype (float32 at least where called)
         return F.logsigmoid(self.gate_bias.to(k.dtype)[:, None] + k.mean(-1))
 
     def causal_form(self, q, k, fq, fk, v):
-        log_g = self.log_gate(*widened(k))
-        if not self.chunk_size:
-            return decayed_quadratic(fq, fk, v, log_g)
-        S, z = fk.new_zeros(*fk.shape[:2], fk.shape[-1], v.shape[-1]), fk.new_zeros(*fk.shape[:2], fk.shape[-1])
-        numerator, denominator, _, _ = decayed_chunked_sums(fq, fk, v, log_g, self.chunk_size, S, z)
-        return normalize(numerator, denominator)
+        return decayed_attention(fq, fk, v, self.log_gate(*widened(k)), self.chunk_size)
 
     def step(self, x, state):  # x (B, h) -> (B, h)
         q, k, v = self.project(x[:, None], x[:, None])  # (B, H, 1, .)
@@ -116,17 +126,48 @@ class DecayingAttention(LinearAttention):
         return super().new_tensors() + ["gate_bias"]
 
 
+class GroupedDecayingAttention(DecayingAttention, GroupedLinearAttention):
+    """The decaying state in a family's model with rotary positions or grouped-query heads (families.py): a gate per
+    key/value head, from its rotated key, decays the [S | z] its G query heads share; the state keeps n heads."""
+
+    def causal_form(self, q, k, fq, fk, v):  # k (B, n, T, w): each query head decays as its key/value head does
+        return decayed_attention(fq, fk, v, shared(self.log_gate(*widened(k)), self.group), self.chunk_size)
+
+    def step(self, x, state, rotation=None):  # GroupedLinearAttention.step, its [S | z] decayed first
+        q, k, v1 = self.project_step(x, True, rotation)  # q (B, n, G, w), k (B, n, 1, w)
+        fq, fk = self.feature_map(q, k)
+        with full_precision(x.device):
+            fq, fk, v1, k = widened(fq, fk, v1, k)
+            state["Sz"].mul_(self.log_gate(k).exp()[..., None])  # g_i (B, n, 1, 1): [S | z] = g_i [S | z]
+            add_to_state(fk, v1, state["Sz"])  # + phi(k_i) [v_i | 1]
+            out = read_state(fq, state["Sz"])
+        return self.merge_step(out.to(x.dtype))
+
+    def prefill(self, x, state, rotation=None):  # x (B, T, h) -> (B, T, h): DecayingAttention.prefill's, grouped
+        q, k, v = self.project(x, x, rotation)
+        (B, H, T, w), n, Sz = q.shape, self.n_kv_head, state["Sz"]
+        fq, fk = self.feature_map(q.reshape(B, n, self.group * T, w), k)  # each query head by its group's map
+        with full_precision(x.device):
+            fq, fk, v, k = (t.to(Sz.dtype) for t in (fq, fk, v, k))
+            fk, v, log_g, S, z = (shared(t, self.group) for t in (fk, v, self.log_gate(k), Sz[..., :-1], Sz[..., -1]))
+            numerator, denominator, S, z = decayed_chunked_sums(fq.reshape(B, H, T, -1), fk, v, log_g,
+                                                                self.chunk_size or T, S, z)
+            Sz.copy_(torch.cat([S, z[..., None]], -1)[:, ::self.group])  # a group's G copies are one state
+        return self.merge(normalize(numerator, denominator).to(x.dtype))
+
+
 class DecayingLayers:
     """The parts of a model whose causal linear attention decays (a translator's decoder's; cross attention stays)."""
 
     def make_attention(self, kind: str, causal: bool, feature_size: int):
         if kind == "softmax" or not causal:
             return super().make_attention(kind, causal, feature_size)
-        return DecayingAttention(self.config, causal, kind, feature_size)
+        layer = GroupedDecayingAttention if self.config.is_grouped() else DecayingAttention
+        return layer(self.config, causal, kind, feature_size)
 
 
-class DecayingLM(DecayingLayers, TransformerLM):
-    pass
+class DecayingLM(DecayingLayers, FamilyLM):
+    """A language model (the paper's, or a family's: families.py) whose causal linear layers decay."""
 
 
 class DecayingTranslator(DecayingLayers, Seq2SeqTransformer):

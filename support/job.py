@@ -56,8 +56,8 @@ def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
     g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
     g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers attend with softmax to the last W tokens (0: off)")
-    g.add_argument("--decay", action="store_true", help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap")
-    g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to the teacher, as the identity")
+    g.add_argument("--decay", action="store_true", help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap, to a Hugging Face model (hf:) too")
+    g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to the teacher (an hf: one too), as the identity")
     return g
 
 
@@ -192,10 +192,6 @@ def check_conversion_flags(args, parser):
                      f"(after_t2r.py, decay.py): use one of them")
     if args.decay and args.attn == "softmax":
         parser.error("--decay makes a linear attention's state decay: pass --attn t2r, elu or rfa")
-    if args.decay and args.init == "pretrained" and is_hf(args.pretrained or ""):
-        parser.error("--decay converts a model of t2r.py's: a Hugging Face family's layers take none yet")
-    if args.short_conv and args.init == "pretrained" and is_hf(args.pretrained or ""):
-        parser.error("--short_conv converts a model of t2r.py's: a Hugging Face family's layers take none yet")
     if args.keep_softmax and (args.init != "pretrained" or args.attn == "softmax"):
         parser.error("--keep_softmax keeps some of a converted model's layers softmax: add --init pretrained and "
                      "--attn t2r, elu or rfa")

@@ -13,7 +13,7 @@ from conftest import lm_config, make, mt_config, report
 from decay import (DecayConfig, DecayingAttention, DecayingLM, decay_student, decayed_chunked_sums, decayed_quadratic,
                    decayed_step)
 from support.configs import build_model
-from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, linear_attention_quadratic, new_tensors, normalize
+from t2r import Seq2SeqTransformer, TransformerLM, convert, linear_attention_quadratic, new_tensors, normalize
 
 TIGHT = 1e-10  # float64 sums of a few dozen O(1) products in other orders: a few ulps apart
 
@@ -102,7 +102,8 @@ def test_the_model_steps_and_prefills_as_it_runs_in_parallel(kind, chunk_size):
 def test_the_gate_decays():
     """Were the gate left out, the layer would be T2R's: its outputs differ from the same weights' T2R layer."""
     model = decaying_lm()
-    plain = TransformerLM(Config(**{k: v for k, v in model.config.to_dict().items() if k != "decay"})).double().eval()
+    plain = build_model({k: v for k, v in model.config.to_dict().items() if k != "decay"}).double().eval()
+    assert type(plain) is TransformerLM
     plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.endswith("gate_bias")})
     tokens = torch.randint(0, 37, (2, 12))
     with torch.no_grad():
