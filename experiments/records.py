@@ -24,8 +24,7 @@ from support.runtime import atomic_write, write_json
 UNCHECKED = ("out_dir", "pretrained", "resume")
 RETRAINED = "retrained"  # the files of a kept run trained again for its weights, which came out other than its record's
 KEPT = ("args.json", "results.json", "machine.json", "weights.json", "attention.csv", "speed.json", "decode.json",
-        "softmax_layers.json",
-        "valid.hyp", "test.hyp")
+        "teacher_results.json", "softmax_layers.json", "valid.hyp", "test.hyp")
 
 
 def machine() -> dict:

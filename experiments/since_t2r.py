@@ -6,6 +6,7 @@ layer chosen by data (support/choose_layers.py), each added alone to T2R's conve
     python -m experiments.since_t2r --jobs 2          # the PTB runs, resumable (Ctrl-C saves; the same command goes on)
     python -m experiments.since_t2r --dry_run         # every run: done, kept (its record in results/runs) or to train
     python -m experiments.since_t2r --stage mqar      # the MQAR teacher again, then each recipe (--only REGEX: some)
+    python -m experiments.since_t2r --stage hf        # the hf: recipe's Llama teacher (where missing), its conversions
     python -m experiments.since_t2r --stage decode    # each recipe's decoding speed and state size (trainings paused)
     python -m experiments.since_t2r --stage results   # results/since_t2r.csv and results/since_t2r.md, from the records
 
@@ -106,6 +107,48 @@ def train_mqar(out: str, only: str = ""):
     for run in [mqar.Run("softmax")] + [r for r in mqar_runs() if re.search(only, r.model)]:
         print(f"--- mqar {run.name}", flush=True)
         mqar.train_run(run, size, os.path.join(out, "mqar"), records)
+
+
+# The hf: recipe's Llama (experiments/hf_recipe.py's teacher, trained with transformers' own classes and saved with
+# save_pretrained): HF_RECIPE (attention transfer, then 600 steps at 1e-3) with each part, one seed; the control
+# trains the teacher on as long, softmax
+HF_RECIPES = {"softmax control": ("--attn", "softmax"), **{recipe: tuple(
+    part for name, value in RECIPES[recipe].items() for part in (f"--{name}",) + (() if value is True else (value,)))
+    for recipe in RECIPES if recipe != "softmax control"}}
+HF_FAMILY = "llama"
+
+
+def hf_teacher(out: str) -> str:
+    """The hf: recipe's Llama teacher in out (its corpus, tokenizer and weights), trained where missing; its folder."""
+    from experiments import hf_recipe
+    size = hf_recipe.SIZES["full"]
+    texts = hf_recipe.write_corpus(size, out)
+    folder = os.path.join(out, HF_FAMILY)
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        tokenizer = hf_recipe.tokenizer_of(texts["train"], size["vocab"])
+        hf_recipe.train_teacher(HF_FAMILY, size, tokenizer, texts, folder)
+    return folder
+
+
+def hf_runs(teachers: str, out: str) -> list:
+    """Each HF_RECIPES conversion of the hf: recipe's Llama, as experiments/hf_recipe.py converts at its recipe."""
+    from experiments import hf_recipe
+    from train_lm import HF_RECIPE
+    size = hf_recipe.SIZES["full"]
+    recipe = {**hf_recipe.BASE, "steps": HF_RECIPE["max_steps"], "lr": HF_RECIPE["lr"],
+              "transfer": HF_RECIPE["transfer_steps"]}
+    runs = []
+    for name, parts in HF_RECIPES.items():
+        settings = {**recipe, "transfer": 0} if name == "softmax control" else recipe  # transfer: T2R's stage
+        argv = hf_recipe.convert_flags(HF_FAMILY, settings, size, teachers) + [str(p) for p in parts]
+        flags, i = {}, 0
+        while i < len(argv):  # "--flag value" or a switch: the Run's flags
+            switch = i + 1 == len(argv) or argv[i + 1].startswith("--")
+            flags[argv[i][2:]] = True if switch else argv[i + 1]
+            i += 1 if switch else 2
+        flags["out_dir"] = os.path.join(out, "hf-llama", f"{FOLDERS[name]}-s1")
+        runs.append(Run(f"{FOLDERS[name]}-s1", "train_lm.py", flags, dict(task="hf-llama", recipe=name, seed=1)))
+    return runs
 
 
 def rows_of(study_out: str, out: str, size: dict) -> list:
@@ -279,6 +322,25 @@ def mqar_rows() -> list:
     return with_gaps(rows)
 
 
+def hf_rows() -> list:
+    """The hf: Llama rows (test perplexity, one seed): the teacher as train_lm.py scored it before converting."""
+    records = os.path.join(ROOT, "results", "runs", "since_t2r")  # the runs' records, in their out_dirs' layout
+    rows = []
+    for name, run in ((r.row["recipe"], r) for r in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), records)):
+        folder = run.out_dir
+        if not os.path.isfile(os.path.join(folder, "results.json")):
+            continue
+        results = read_json(os.path.join(folder, "results.json"))
+        if not rows and os.path.isfile(os.path.join(folder, "teacher_results.json")):
+            teacher = read_json(os.path.join(folder, "teacher_results.json"))
+            rows.append(dict(task="hf-llama", recipe="teacher", softmax_layers=4, metric="test_ppl",
+                             value=round(teacher["test"]["ppl"], 2), sd=None, seeds=1, runs=shorten(folder)))
+        rows.append(dict(task="hf-llama", recipe=name, softmax_layers=kept_layers(folder, 4, name), metric="test_ppl",
+                         value=round(results["test"]["ppl"], 2), sd=None, seeds=1,
+                         train_minutes=round(results["train_minutes"], 1), runs=shorten(folder)))
+    return with_gaps(rows)
+
+
 def with_gaps(rows: list) -> list:
     """Each row's value less its task's teacher's and softmax control's (in the metric's units)."""
     for row in rows:
@@ -296,7 +358,7 @@ def shorten(path: str) -> str:
 def write_results(study_out: str, out: str, size: dict, results_dir: str):
     from support.runtime import write_csv
     ptb, values = ptb_rows(study_out, out, size)
-    rows = ptb + mqar_rows()
+    rows = ptb + mqar_rows() + hf_rows()
     write_csv(os.path.join(results_dir, "since_t2r.csv"), rows, COLUMNS)
     page = os.path.join(results_dir, "since_t2r.md")
     from support.runtime import atomic_write
@@ -378,7 +440,24 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
                         "row is it, from the seed-0 teacher" if same else "see the seeds"))
     rules = ("since-part-helps", "since-near-control", "since-chosen-layers")
     lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in rules)})"]
-    return lines + mqar_lines(rows)
+    return lines + mqar_lines(rows) + hf_lines(rows)
+
+
+def hf_lines(rows: list) -> list:
+    from train_lm import HF_RECIPE
+    hf = [r for r in rows if r["task"] == "hf-llama"]
+    if not hf:
+        return ["", "## The hf: recipe's Llama", "", "Not run yet: `python -m experiments.since_t2r --stage hf`."]
+    cell = lambda v: "-" if v is None else f"{v:+.2f}"
+    lines = ["", "## The hf: recipe's Llama (experiments/hf_recipe.py's teacher: 4 layers, 128 wide, 4 query and 2 "
+             "key/value heads, rotary positions)", "",
+             f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
+             f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part, one seed; the control: the teacher "
+             f"trained on as long, softmax. Trained on: {machines([os.path.join(ROOT, r['runs']) for r in hf])}.", "",
+             "| recipe | softmax layers | test ppl | vs teacher | vs control |", "|---|---|---|---|---|"]
+    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'])} | "
+              f"{cell(r['gap_to_control'])} |" for r in hf]
+    return lines
 
 
 def mqar_lines(rows: list) -> list:
@@ -419,9 +498,9 @@ def mqar_lines(rows: list) -> list:
 def main(argv=None):
     from experiments.study import execute
     p = Parser(prog="python -m experiments.since_t2r", description="The conversions since T2R, on the study's teacher.")
-    p.add_argument("--stage", default="train", choices=["train", "mqar", "decode", "results"],
+    p.add_argument("--stage", default="train", choices=["train", "mqar", "hf", "decode", "results"],
                    help="train: the PTB runs (the teacher first, where its weights are gone); mqar: the MQAR runs (one "
-                   "at a time); decode: each recipe's decoding speed and state (run it alone: it times); results: the CSV "
+                   "at a time); hf: the hf: recipe's Llama (its teacher trained first where missing) and its conversions; decode: each recipe's decoding speed and state (run it alone: it times); results: the CSV "
                    "and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
@@ -442,6 +521,12 @@ def main(argv=None):
                 Records(out, os.path.join(ROOT, "results", "runs", "since_t2r")))
     if args.stage == "mqar" and not args.dry_run:
         train_mqar(out, args.only)
+    if args.stage == "hf":
+        teachers = os.path.join(ROOT, "out", "hf-recipe")
+        if not args.dry_run:
+            hf_teacher(teachers)
+        execute(hf_runs(teachers, out), args.dry_run, args.jobs, Records(out, os.path.join(ROOT, "results", "runs",
+                                                                                            "since_t2r")))
     if args.stage == "decode":
         probe_decoding(study_out, out, size)
     if args.stage == "results":

@@ -126,3 +126,16 @@ def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
 def test_a_bad_only_pattern_is_one_line_before_any_work(tmp_path):
     result = run_in_process("experiments.since_t2r", "--stage", "mqar", "--only", "(", cwd=tmp_path)
     assert_one_line_error(result, "--only '(' is not a regular expression")
+
+
+def test_the_hf_runs_are_the_recipe_with_each_part_and_the_control_without_transfer(tmp_path):
+    from train_lm import HF_RECIPE
+    runs = {run.row["recipe"]: run.flags for run in since_t2r.hf_runs(str(tmp_path / "hf"), str(tmp_path / "out"))}
+    assert list(runs) == list(since_t2r.RECIPES)
+    for recipe, flags in runs.items():
+        assert flags["pretrained"] == f"hf:{tmp_path / 'hf' / 'llama'}"
+        assert flags["max_steps"] == str(HF_RECIPE["max_steps"])
+        assert flags["transfer_steps"] == ("0" if recipe == "softmax control" else str(HF_RECIPE["transfer_steps"]))
+        assert flags.get("decay") is ("decay" in recipe or None)
+        assert flags.get("short_conv") == ("4" if "conv4" in recipe else None)
+        assert flags.get("distill_weight") == ("0.5" if "distill" in recipe else None)
