@@ -24,8 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from families import FamilyConfig, FamilyLM, GroupedLinearAttention, shared
-from layers.states import full_precision, widened
-from support.fast_step import add_to_state, read_state
+from layers.states import add_to_state, full_precision, read_sums, widened
 from t2r import LinearAttention, Seq2SeqTransformer, normalize
 
 GATE_START = 4.0  # beta at the swap: sigmoid(4) = 0.982
@@ -140,7 +139,7 @@ class GroupedDecayingAttention(DecayingAttention, GroupedLinearAttention):
             fq, fk, v1, k = widened(fq, fk, v1, k)
             state["Sz"].mul_(self.log_gate(k).exp()[..., None])  # g_i (B, n, 1, 1): [S | z] = g_i [S | z]
             add_to_state(fk, v1, state["Sz"])  # + phi(k_i) [v_i | 1]
-            out = read_state(fq, state["Sz"])
+            out = normalize(*read_sums(fq, state["Sz"]))
         return self.merge_step(out.to(x.dtype))
 
     def prefill(self, x, state, rotation=None):  # x (B, T, h) -> (B, T, h): DecayingAttention.prefill's, grouped

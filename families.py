@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from layers.embedding import Embedding
 from layers.states import append_to_cache, full_precision, state_dtype, widened
-from support.fast_step import add_to_state, read_state, stacked_by_head  # the grouped step's: fused (below)
+from layers.states import add_to_state, read_sums, stacked_by_head  # the grouped step's: the fused [S | z] (below)
 from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
                  TransformerBase, TransformerLM, causal_after, linear_attention_chunked_sums, linear_attention_noncausal,
                  normalize, prefill_piece, softmax_attention, source_state)
@@ -189,8 +189,8 @@ class FamilyEmbedding(Embedding):
 
 # -----------------------------------------------------------------------------
 # Grouped-query attention (Ainslie et al., 2023) with the checkpoints' biases and rotary positions. Its recurrent
-# step is its own, fused (support/fast_step.py's pieces): [S | z] of n heads, q, k, v from one stacked product, and
-# the G query heads of a key/value head reading its state at once.
+# step is its own, fused (layers/states.py's pieces, as support/fast_step.py's): [S | z] of n heads, q, k, v from one
+# stacked product, and the G query heads of a key/value head reading its state at once.
 
 def bias_of(linear: nn.Linear):  # its bias, or zeros where it has none (a Llama's)
     return linear.bias.detach() if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
@@ -290,7 +290,7 @@ class GroupedLinearAttention(GroupedAttention, LinearAttention):
         with full_precision(x.device):
             fq, fk, v1 = widened(fq, fk, v1)
             add_to_state(fk, v1, state["Sz"])  # Eq. 6
-            out = read_state(fq, state["Sz"])  # Eq. 7, the G queries of each key/value head at once
+            out = normalize(*read_sums(fq, state["Sz"]))  # Eq. 7, the G queries of each key/value head at once
         return self.merge_step(out.to(x.dtype))
 
     def prefill(self, x, state, rotation=None):  # t2r.linear_attention_prefill with n heads of state, G queries each

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from support.fast_step import stacked_by_head
+from layers.states import stacked_by_head
 from translate import synchronize
 
 

@@ -1,7 +1,9 @@
 """
 The bookkeeping of the recurrent states (t2r.py's and sru.py's): their precision (sums over thousands of positions
 in float32 at least, even under autocast), the KV cache a softmax layer grows by one key and value a token, and the
-bytes a state holds, which bench.py and generate.py report.
+bytes a state holds, which bench.py and generate.py report; and the fused layout the fast steps share
+(support/fast_step.py, families.py's and decay.py's grouped steps): S and z side by side, Sz = [S | z] (B, H, k, d + 1),
+read and written with v1 = [v | 1], and q, k, v from one stacked product.
 
     python -m pytest -q tests/test_step.py
 """
@@ -58,3 +60,27 @@ def tensors_of(state):
         yield state
     for part in state.values() if isinstance(state, dict) else state if isinstance(state, list) else []:
         yield from tensors_of(part)
+
+
+# -----------------------------------------------------------------------------
+# The fused state [S | z]: Eqs. 6-7 of t2r.py on S and z side by side
+
+def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
+    Sz.addcmul_(fk.transpose(-1, -2), v1)  # Eq. 6, as one: [S | z] += phi(k_i)^T [v_i | 1]
+
+
+def read_sums(fq, Sz) -> tuple:  # fq (B, H, Q, k): Q queries read each head's state -> (B, H, Q, d), (B, H, Q)
+    both = fq @ Sz  # phi(q)^T [S | z] = [numerator | denominator] of Eq. 7 (t2r.normalize divides them)
+    return both[..., :-1], both[..., -1]
+
+
+def stacked_by_head(maps, n: int, append_one: bool) -> tuple:
+    """(weight, bias) of [q | k | v (| 1)] for each of n heads (the key/value heads where query heads share them):
+    maps are the nn.Linear of q, k and v; append_one adds a zero row of bias 1, whose output is Eq. 6's 1. A map
+    without a bias counts zeros."""
+    h = maps[0].in_features
+    weights = [m.weight.detach().view(n, -1, h) for m in maps]  # (n, w, h) each
+    biases = [(m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)).view(n, -1) for m in maps]
+    if append_one:
+        weights, biases = weights + [weights[0].new_zeros(n, 1, h)], biases + [biases[0].new_ones(n, 1)]
+    return torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)

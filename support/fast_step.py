@@ -3,7 +3,8 @@ Decoding speed, in one place: what generate.py, translate.py, bench.py and bench
 (`model.step`, Eqs. 6-7 as the paper writes them, on S and z), each held by tests/test_step.py to its logits within a
 stated tolerance. FlatStep: the step unrolled, its layers' parts called as plain functions, q, k and v from one stacked
 product, S and z fused as [S | z]; compile_step: the step through torch.compile; CapturedStep: the fast step recorded
-once as a CUDA graph and replayed. families.py's grouped-query layers use the fused pieces for their own step.
+once as a CUDA graph and replayed. The fused state's pieces (add_to_state, read_sums, stacked_by_head) are
+layers/states.py's: families.py's and decay.py's grouped-query layers step with them too.
 
     python -m pytest -q tests/test_step.py
 """
@@ -16,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from layers.states import append_to_cache, full_precision, widened
+from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
 from t2r import Block, LinearAttention, SoftmaxAttention, TransformerBase, normalize
 
 
@@ -24,13 +25,8 @@ from t2r import Block, LinearAttention, SoftmaxAttention, TransformerBase, norma
 # The fused step: t2r.py's Eqs. 6-7 on S and z side by side, Sz = [S | z] (B, H, k, d + 1) with v1 = [v | 1], and
 # q, k, v (and the 1) from one product, because at batch 1 each operation costs more than its arithmetic.
 
-def add_to_state(fk, v1, Sz):  # fk (B, H, 1, k), v1 (B, H, 1, d + 1)
-    Sz.addcmul_(fk.transpose(-1, -2), v1)  # Eq. 6, as one: [S | z] += phi(k_i)^T [v_i | 1]
-
-
 def read_state(fq, Sz):  # fq (B, H, Q, k): Q queries read each head's state -> (B, H, Q, d)
-    both = fq @ Sz  # phi(q)^T [S | z] = [numerator | denominator]
-    return normalize(both[..., :-1], both[..., -1])  # Eq. 7
+    return normalize(*read_sums(fq, Sz))  # Eq. 7
 
 
 def fused(state):
@@ -42,18 +38,6 @@ def fused(state):
     if isinstance(state, dict):
         return {key: fused(part) for key, part in state.items()}
     return [fused(part) for part in state] if isinstance(state, list) else state
-
-
-def stacked_by_head(maps, n: int, append_one: bool) -> tuple:
-    """(weight, bias) of [q | k | v (| 1)] for each of n heads (the key/value heads where query heads share them):
-    maps are the nn.Linear of q, k and v; append_one adds a zero row of bias 1, whose output is Eq. 6's 1. A map
-    without a bias counts zeros."""
-    h = maps[0].in_features
-    weights = [m.weight.detach().view(n, -1, h) for m in maps]  # (n, w, h) each
-    biases = [(m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features)).view(n, -1) for m in maps]
-    if append_one:
-        weights, biases = weights + [weights[0].new_zeros(n, 1, h)], biases + [biases[0].new_ones(n, 1)]
-    return torch.cat(weights, 1).reshape(-1, h), torch.cat(biases, 1).reshape(-1)
 
 
 def compile_step(model):
