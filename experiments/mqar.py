@@ -52,7 +52,8 @@ from experiments.plots import plot_mqar
 from experiments.provenance import mqar_provenance
 from experiments.records import machine, read
 from experiments.sizes import MQAR_SIZES
-from support.runtime import Distributed, Parser, UserError, atomic_write, fingerprint, run_main, write_csv, write_json
+from support.runtime import (Distributed, Parser, UserError, atomic_write, fingerprint, pattern, run_main, write_csv,
+                             write_json)
 from support.training import Diverged, Task, train
 from support.transfer import TransferFirst
 from sru import SRUConfig, SRUppLM
@@ -418,13 +419,9 @@ def get_args(argv=None):
                    f"{RECORDS}; --quick: records/ in --out_dir)")
     p.add_argument("--quick", action="store_true", help="tiny models and a few steps: a smoke run of every model")
     p.add_argument("--dry_run", action="store_true", help="print the runs and their budgets, train nothing")
-    p.add_argument("--only", default="", help="train only the runs whose name matches this regular expression, so "
+    p.add_argument("--only", type=pattern, default="", help="train only the runs whose name matches this regular expression, so "
                    "that two processes can share the plan (the table is written once every run has finished)")
     args = p.parse_args(argv)
-    try:
-        re.compile(args.only)
-    except re.error as e:
-        p.error(f"--only {args.only!r} is not a regular expression ({e}): e.g. --only 'from scratch'")
     args.out_dir = args.out_dir or ("out/mqar-quick" if args.quick else "out/mqar")
     args.csv = args.csv or (os.path.join(args.out_dir, "mqar.csv") if args.quick else "results/mqar.csv")
     args.records = args.records or (os.path.join(args.out_dir, "records") if args.quick else RECORDS)

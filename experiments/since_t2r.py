@@ -32,7 +32,7 @@ from experiments.probes import MAIN_K
 from experiments.records import Records
 from experiments.runs import ROOT, Run
 from experiments.sizes import LM_SIZES, MQAR_SIZES
-from support.runtime import Parser, positive_int, run_main
+from support.runtime import Parser, pattern, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
 SEEDS = (1, 2, 3)  # every row's finetuning seeds
@@ -500,17 +500,14 @@ def main(argv=None):
     p = Parser(prog="python -m experiments.since_t2r", description="The conversions since T2R, on the study's teacher.")
     p.add_argument("--stage", default="train", choices=["train", "mqar", "hf", "decode", "results"],
                    help="train: the PTB runs (the teacher first, where its weights are gone); mqar: the MQAR runs (one "
-                   "at a time); hf: the hf: recipe's Llama (its teacher trained first where missing) and its conversions; decode: each recipe's decoding speed and state (run it alone: it times); results: the CSV "
-                   "and page")
+                   "at a time); hf: the hf: recipe's Llama (its teacher trained first where missing) and its "
+                   "conversions; decode: each recipe's decoding speed and state (run it alone: it times); results: "
+                   "the CSV and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
-    p.add_argument("--only", default="", help="--stage mqar: the recipes whose name matches this regular expression "
+    p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this regular expression "
                    "(after the teacher), so that two processes can share the runs")
     args = p.parse_args(argv)
-    try:
-        re.compile(args.only)
-    except re.error as error:
-        p.error(f"--only {args.only!r} is not a regular expression ({error}): e.g. --only 'decay'")
     study_out, out = os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r")
     size = LM_SIZES["full"]
     t0 = time.time()

@@ -11,6 +11,7 @@ import errno
 import hashlib
 import json
 import math
+import re
 import os
 import sys
 from contextlib import nullcontext
@@ -101,6 +102,15 @@ seed = _number(int, "a seed from 0 to 2**63 - 1", lambda v: 0 <= v < 2**63)  # w
 # a decoding's length limit, a * source length + b tokens: a count, never an overflow of int64
 length_factor = _number(float, "a number from 0 to 10000", lambda v: 0 <= v <= 10_000)
 length_term = _number(int, "an integer from 1 to 1000000", lambda v: 1 <= v <= 1_000_000)
+
+
+def pattern(text: str) -> str:
+    """A regular expression (--only's): refused where re cannot compile it."""
+    try:
+        re.compile(text)
+    except re.error as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({error})") from None
+    return text
 
 
 def increasing_ints(text: str) -> list:

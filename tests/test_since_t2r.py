@@ -125,7 +125,7 @@ def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
 
 def test_a_bad_only_pattern_is_one_line_before_any_work(tmp_path):
     result = run_in_process("experiments.since_t2r", "--stage", "mqar", "--only", "(", cwd=tmp_path)
-    assert_one_line_error(result, "--only '(' is not a regular expression")
+    assert_one_line_error(result, "--only: '(' is not a regular expression")
 
 
 def test_the_hf_runs_are_the_recipe_with_each_part_and_the_control_without_transfer(tmp_path):
