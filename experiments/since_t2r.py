@@ -377,14 +377,34 @@ def machines(folders: list) -> str:
     return f"{'; '.join(devices)}, {'/'.join(map(str, threads))} thread(s) a run, {span}"
 
 
+def summary_lines(rows: list) -> list:
+    """A bullet a task: the best all-linear recipe against T2R, the teacher and the softmax control."""
+    names = {"ptb": "PTB (test ppl", "mqar64": "MQAR at 64 pairs (recall", "hf-llama": "the hf: recipe's Llama (test ppl"}
+    lines = []
+    for task, name in names.items():
+        mine = {r["recipe"]: r for r in rows if r["task"] == task}
+        linear = [r for r in mine.values() if r["softmax_layers"] == 0 and r["recipe"] != "t2r"]
+        if "t2r" not in mine or not linear:
+            continue
+        best = (max if task.startswith("mqar") else min)(linear, key=lambda r: r["value"])
+        seeds = lambda r: f"{r['seeds']} seed{'s' if r['seeds'] > 1 else ''}"
+        others = ", ".join(f"{label} {mine[recipe]['value']:g} ({seeds(mine[recipe])})" for label, recipe in
+                           (("T2R", "t2r"), ("the teacher", "teacher"), ("the softmax control", "softmax control"))
+                           if recipe in mine)
+        lines.append(f"- {name}): the best all-linear conversion, {best['recipe']}, {best['value']:g} "
+                     f"({seeds(best)}); {others}.")
+    return lines
+
+
 def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -> list:
     from experiments.rules import BY_ID, NEAR_CONTROL, when
     from experiments.verdicts import exact_permutation_p, welch
     lines = ["# Since T2R: a decaying state, a short convolution, distillation, softmax layers chosen by data", "",
              "Built by `python -m experiments.since_t2r --stage results` from results/since_t2r.csv, which it writes "
              "from the runs' records (results/runs/since_t2r, results/runs/lm); the runs: "
-             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mqar`, `--stage decode`. What each part is: "
-             "decay.py, after_t2r.py (ConvInput), support/distill.py, support/choose_layers.py.", ""]
+             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mqar`, `--stage hf`, `--stage decode`. What "
+             "each part is: decay.py, after_t2r.py (ConvInput), support/distill.py, support/choose_layers.py.", "",
+             "In short (the README quotes these lines):", "", *summary_lines(rows), ""]
     ptb = [r for r in rows if r["task"] == "ptb"]
     folders = [os.path.join(ROOT, f) for r in ptb for f in r["runs"].split()]
     lines += ["## PTB, the study's language model (4 layers, d_model 128), from its seed-1 teacher", "",

@@ -139,3 +139,14 @@ def test_the_hf_runs_are_the_recipe_with_each_part_and_the_control_without_trans
         assert flags.get("decay") is ("decay" in recipe or None)
         assert flags.get("short_conv") == ("4" if "conv4" in recipe else None)
         assert flags.get("distill_weight") == ("0.5" if "distill" in recipe else None)
+
+
+def test_the_readme_quotes_the_pages_summary():
+    with open(os.path.join(ROOT, "results", "since_t2r.md")) as f:
+        page = f.read().splitlines()
+    start = page.index("In short (the README quotes these lines):") + 2
+    summary = page[start:page.index("", start)]
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert summary and all(line.startswith("- ") and line in readme for line in summary), \
+        "the README's since-T2R lines are the page's summary: copy them from results/since_t2r.md"
