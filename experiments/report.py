@@ -45,7 +45,8 @@ LM_ORDER = [("elu", "random"), ("rfa", "random"), ("t2r", "random"), ("elu", "pr
 MT_ORDER = [("softmax", "random"), ("t2r", "pretrained"), ("t2r", "random"), ("elu", "pretrained"),
             ("rfa", "pretrained"), ("t2r-transfer", "pretrained"), ("t2r-window", "pretrained"),
             ("t2r-transfer-window", "pretrained"), (RETRAINED_TEACHER, "random"), ("softmax", "pretrained")]
-OPTIONAL_CSVS = ("curves", "mt_pairs", "mqar")  # the study's second edition and experiments/mqar.py write these
+# the study's second edition, experiments/mqar.py and experiments/rfa_temperature.py write these
+OPTIONAL_CSVS = ("curves", "mt_pairs", "mqar", "rfa_temperature")
 
 
 # -----------------------------------------------------------------------------
@@ -373,7 +374,8 @@ def results_page(results: dict, claims: list, controls: list) -> list:
             "## Language modelling (Table 1, PTB)", "", *lm_table(results["lm"]), "",
             "With two or three seeds: mean ± half the range. Train minutes of a + pretrain row: the finetuning only; "
             "a + transfer row trains its attention-transfer steps before the same finetuning steps, and its minutes "
-            "include them. RFA's k counts features: a sin and a cos for each random projection.", "",
+            "include them. RFA's k counts features: a sin and a cos for each random projection." +
+            rfa_temperature(results["rfa_temperature"]), "",
             *teacher_seeds(results["lm"]),
             *curves_section(results, figure), *mqar_section(results, figure),
             "## Feature size and attention (Figs. 4-6, PTB validation, seed 0)", "", *feature_table(results), "",
@@ -487,6 +489,17 @@ def summary_page(results: dict, claims: list, controls: list, link: str) -> list
 def write_text(path: str, lines: list):
     with atomic_write(path) as tmp, open(tmp, "w") as f:
         f.write("\n".join(lines))
+
+
+def rfa_temperature(rows: list) -> str:
+    """Why RFA is weak here, from results/rfa_temperature.csv (experiments/rfa_temperature.py), where it is."""
+    if not rows:
+        return ""
+    implied = [float(r["implied_tau"]) for r in rows]
+    return (f" Why RFA is weak here: its kernel starts at tau = 1, far blunter than the teacher's attention, which "
+            f"implies tau {min(implied):.2f}-{max(implied):.2f} per head, and its random projections cannot estimate "
+            "a sharper one ([measurements.md](measurements.md#rfas-temperature-at-the-swap), `python -m "
+            "experiments.rfa_temperature`): its **no** verdicts say little about T2R.")
 
 
 def write_report(results_dir: str):

@@ -98,3 +98,10 @@ def test_a_missing_teacher_is_a_one_line_error(tmp_path):
                                            (["--csv", "."], "is a folder")])
 def test_bad_flags_are_refused_in_one_line(argv, message, capsys):
     assert_flags_refused(get_args, argv, message, capsys)
+
+
+def test_the_results_page_explains_rfa_from_the_csv_and_only_where_it_is():
+    from experiments.report import rfa_temperature
+    assert rfa_temperature([]) == ""
+    text = rfa_temperature([{"implied_tau": 0.41}, {"implied_tau": 0.36}, {"implied_tau": 0.45}])
+    assert "implies tau 0.36-0.45 per head" in text and "say little about T2R" in text
