@@ -93,7 +93,7 @@ MQAR_PAIRS = (8, 64)
 def mqar_runs() -> list:
     from experiments import mqar
     t2r = ("--attn", "t2r", "--feature_size", MAIN_K)
-    return [mqar.Run(f"{FOLDERS.get(recipe, recipe.replace('t2r+', ''))}-s1", attn="t2r", k=MAIN_K, converted=True,
+    return [mqar.Run(FOLDERS.get(recipe, recipe.replace('t2r+', '')), attn="t2r", k=MAIN_K, converted=True,
                      parts=parts if recipe == "softmax control" else t2r + parts, model=recipe)
             for recipe, parts in MQAR_RECIPES.items()]
 
@@ -146,6 +146,7 @@ def hf_runs(teachers: str, out: str) -> list:
             switch = i + 1 == len(argv) or argv[i + 1].startswith("--")
             flags[argv[i][2:]] = True if switch else argv[i + 1]
             i += 1 if switch else 2
+        flags["seed"] = "1"
         flags["out_dir"] = os.path.join(out, "hf-llama", f"{FOLDERS[name]}-s1")
         runs.append(Run(f"{FOLDERS[name]}-s1", "train_lm.py", flags, dict(task="hf-llama", recipe=name, seed=1)))
     return runs
