@@ -233,7 +233,7 @@ RULES = [
          "2026-11-28", SINCE_RUNS, True, "6f2a592d8dfd"),
     Rule("since-mqar-recall", r"an all-linear k = 32 conversion recalls at 64 pairs",
          f"its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",), ("MQAR_RECALL",), "6644ad4",
-         "2026-11-28", "not yet run", True, "23fd5ce71339"),
+         "2026-11-28", "2026-11-28, after the rule", True, "23fd5ce71339"),
     Rule("teacher-converged", r"the language-model teacher",
          f"the last fifth of its run lowered its best validation perplexity by less than {CONVERGED:.0%}",
          (P + "plateau_gain",), ("CONVERGED",), "4ec76e2", "2026-11-23", LM_RUNS, True, "54b981829b10"),

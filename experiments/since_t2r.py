@@ -511,6 +511,7 @@ def mqar_lines(rows: list) -> list:
         lines += ["", f"- an all-linear k = {MAIN_K} conversion recalls at least 0.95 at 64 pairs: the best, "
                   f"{best['recipe']}, {best['value']:.4f}: {recalls(best['value'])} "
                   f"(rule since-mqar-recall, {when(BY_ID['since-mqar-recall'])})"]
+        lines += conv_teacher_line()
     chosen, every = by.get(("t2r+chosen1", "mqar64")), by.get(("t2r+every2nd", "mqar64"))
     if chosen and every:
         kept = read_json(os.path.join(ROOT, chosen["runs"], "softmax_layers.json"))["kept"]
@@ -518,6 +519,24 @@ def mqar_lines(rows: list) -> list:
                      f"(layer 0): at 64 pairs {chosen['value']:.4f} against {every['value']:.4f}, one seed each"
                      + (": the same layer, the same model" if kept == [0] else ""))
     return lines
+
+
+def conv_teacher_line() -> list:
+    """experiments/mqar.py's conversion of a teacher trained with a convolution (results/mqar.csv), beside the
+    convolution added at the swap: shown, not judged (it ran before the rule)."""
+    import csv
+    path = os.path.join(ROOT, "results", "mqar.csv")
+    if not os.path.isfile(path):
+        return []
+    with open(path, newline="") as f:
+        row = next((r for r in csv.DictReader(f) if r["model"] == f"t2r{MAIN_K}+conv" and r["pairs"] == "64"), None)
+    if row is None:
+        return []
+    return [f"  (beside it, not judged, as it ran before the rule: experiments/mqar.py's T2R k = {MAIN_K} conversion of a "
+            f"teacher trained with a kernel-3 convolution recalls {float(row['accuracy']):.4f} at 64 pairs, "
+            "results/mqar.csv; a reading: there the convolution carries the previous-token shift the teacher learned "
+            "to use, while one added at the swap leaves the shift to the teacher's own attention head, which the "
+            "conversion must keep)"]
 
 
 # -----------------------------------------------------------------------------
