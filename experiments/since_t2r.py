@@ -168,11 +168,12 @@ def rows_of(study_out: str, out: str, size: dict) -> list:
 # The decoding probe: each recipe's speed and state, measured on its first seed's weights
 
 DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 3  # a block-long prompt, then greedy steps; median of passes
+HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 positions it was trained on
 
 
 @torch.no_grad()
-def measure_decoding(model_pt: str) -> dict:
-    """decode.json: greedy tokens/s at batch 1 after a DECODE_PROMPT-token prompt read by prefill (the steps alone
+def measure_decoding(model_pt: str, length: int = DECODE_PROMPT, new: int = DECODE_TOKENS) -> dict:
+    """decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new` tokens (the steps alone
     timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes, and the bytes of the state
     after the prompt and the new tokens (a KV cache grows; a T2R state does not)."""
     from generate import traits
@@ -183,31 +184,33 @@ def measure_decoding(model_pt: str) -> dict:
     from t2r import PREFILL_CHUNK
     model = inference_model(model_from_checkpoint(load_checkpoint(model_pt), model_pt).eval())
     decoder = model if traits(model).own_step else eager_decoder(model)  # what generate.py's --step eager runs
-    prompt = torch.randint(model.config.vocab_size, (1, DECODE_PROMPT), generator=torch.Generator().manual_seed(0))
+    prompt = torch.randint(model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
     rates = []
     for _ in range(DECODE_PASSES):
         logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
         start = time.perf_counter()
-        for _ in range(DECODE_TOKENS):
+        for _ in range(new):
             logits, state = decoder.step(logits.argmax(-1), state)
-        rates.append(DECODE_TOKENS / (time.perf_counter() - start))
+        rates.append(new / (time.perf_counter() - start))
     return {"tokens_per_s": sorted(rates)[len(rates) // 2], "tokens_per_s_passes": rates,
-            "state_bytes": state_bytes(state), "prompt": DECODE_PROMPT, "new_tokens": DECODE_TOKENS,
+            "state_bytes": state_bytes(state), "prompt": length, "new_tokens": new,
             "threads": torch.get_num_threads()}
 
 
 def probe_decoding(study_out: str, out: str, size: dict):
-    """decode.json into each recipe's first-seed run (and its record), where its weights are here."""
+    """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, then the
+    hf: Llama's."""
     from experiments.records import machine
     from support.runtime import write_json
-    for run, owner in rows_of(study_out, out, size):
+    hf = [(run, "since") for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), out)]
+    for run, owner in rows_of(study_out, out, size) + hf:
         if run.row["seed"] != 1:
             continue
         model_pt = os.path.join(run.out_dir, "model.pt")
         if not os.path.isfile(model_pt):
             print(f"{run.name}: no weights here ({model_pt}): not measured")
             continue
-        found = measure_decoding(model_pt)
+        found = measure_decoding(model_pt, *(HF_DECODE if run.row["task"] == "hf-llama" else ()))
         write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
         records_of(owner, study_out, out).keep(run)
         print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
@@ -341,8 +344,11 @@ def hf_rows() -> list:
             teacher = read_json(os.path.join(folder, "teacher_results.json"))
             rows.append(dict(task="hf-llama", recipe="teacher", softmax_layers=4, metric="test_ppl",
                              value=round(teacher["test"]["ppl"], 2), sd=None, seeds=1, runs=shorten(folder)))
+        decode = os.path.join(folder, "decode.json")
+        decode = read_json(decode) if os.path.isfile(decode) else {}
         rows.append(dict(task="hf-llama", recipe=name, softmax_layers=kept_layers(folder, 4, name), metric="test_ppl",
-                         value=round(results["test"]["ppl"], 2), sd=None, seeds=1,
+                         value=round(results["test"]["ppl"], 2), sd=None, seeds=1, state_bytes=decode.get("state_bytes"),
+                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
                          train_minutes=round(results["train_minutes"], 1), runs=shorten(folder)))
     return with_gaps(rows)
 
@@ -481,9 +487,14 @@ def hf_lines(rows: list) -> list:
              f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
              f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part, one seed; the control: the teacher "
              f"trained on as long, softmax. Trained on: {machines([os.path.join(ROOT, r['runs']) for r in hf])}.", "",
-             "| recipe | softmax layers | test ppl | vs teacher | vs control |", "|---|---|---|---|---|"]
+             f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
+             "was trained on).", "",
+             "| recipe | softmax layers | test ppl | vs teacher | vs control | state bytes | tokens/s |",
+             "|---|---|---|---|---|---|---|"]
+    count = lambda v, fmt: "-" if v is None else fmt.format(v)
     lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'])} | "
-              f"{cell(r['gap_to_control'])} |" for r in hf]
+              f"{cell(r['gap_to_control'])} | {count(r.get('state_bytes'), '{:,}')} | "
+              f"{count(r.get('decode_tokens_per_s'), '{}')} |" for r in hf]
     return lines
 
 
