@@ -11,7 +11,8 @@ Train a language model, or convert a trained softmax one into an RNN and finetun
     python train_lm.py --arch sru++ --attn_every 4  # SRU++ from scratch (sru.py), attention in 1 layer of 4
     python train_lm.py --init pretrained --pretrained hf:gpt2      # GPT-2 from Hugging Face as the teacher (support/hf.py):
                                                     # evaluated as it is, converted, finetuned with its tokenizer
-                                                    # (HF_RECIPE: transfer first, then 600 steps at lr 1e-3)
+                                                    # (HF_RECIPE: transfer first, then 600 steps at lr 1e-3;
+                                                    # HF_PARTS: a decaying state)
     python train_lm.py --init pretrained --pretrained hf:HuggingFaceTB/SmolLM2-135M   # a Llama (or Qwen2, Mistral)
 
 Evaluation follows section 3.2.1: windows of 512 tokens, only the last 256 of each scored.
@@ -66,8 +67,11 @@ SCHEDULES = {
 }
 # A model trained elsewhere (--pretrained hf:...) converts with the recipe experiments/hf_recipe.py measured on a
 # Llama trained with transformers (README, "Converting a Hugging Face model"): every layer linear, attention transfer
-# first (T2R's feature maps, unless frozen; other kinds start without), then twice the steps of the sweep's base.
+# first (T2R's feature maps, unless frozen; other kinds start without), then twice the steps of the sweep's base; and
+# a T2R conversion with the parts since T2R that python -m experiments.since_t2r --stage hf measured best on it
+# (results/since_t2r.md: a decaying state; --no-decay for T2R's own)
 HF_RECIPE = dict(max_steps=600, lr=1e-3, transfer_steps=100)
+HF_PARTS = dict(decay=True)
 
 
 def get_args(argv=None):
@@ -102,7 +106,8 @@ def get_args(argv=None):
     if hf.is_hf(args.pretrained):
         check_gpt2_flags(args, p)
         transfer = args.attn in (None, "t2r") and not args.freeze_feature_map  # it trains T2R's feature maps
-        adopt_defaults(args, HF_RECIPE if transfer else {**HF_RECIPE, "transfer_steps": 0})
+        parts = HF_PARTS if transfer and not args.window else {}  # measured on T2R alone, its feature maps trained
+        adopt_defaults(args, {**HF_RECIPE, **parts} if transfer else {**HF_RECIPE, "transfer_steps": 0})
     if args.arch == "sru++":
         args.attn = sru_name(args)  # names the run and its row in the tables
         args.compile = False if args.compile is None else args.compile  # a loop over time: compile would unroll it

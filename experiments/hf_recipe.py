@@ -153,6 +153,7 @@ def convert_flags(family: str, settings: dict, size: dict, out_dir: str) -> list
     if settings["attn"] != "t2r":
         flags += ["--attn", settings["attn"]]
     flags += ["--transfer_steps", str(settings["transfer"])]  # always: train_lm.py's default for hf: is the recipe's
+    flags += ["--no-decay"]  # T2R's own sweep: the parts since T2R are experiments/since_t2r.py's (HF_PARTS)
     if settings["keep"]:
         flags += ["--keep_softmax_every", str(settings["keep"])]
     return flags

@@ -161,8 +161,11 @@ def hf_runs(teachers: str, out: str) -> list:
         flags, i = {}, 0
         while i < len(argv):  # "--flag value" or a switch: the Run's flags
             switch = i + 1 == len(argv) or argv[i + 1].startswith("--")
-            flags[argv[i][2:]] = True if switch else argv[i + 1]
+            off = switch and argv[i].startswith("--no-")  # --no-decay: decay False
+            flags[argv[i][5:] if off else argv[i][2:]] = False if off else True if switch else argv[i + 1]
             i += 1 if switch else 2
+        if "decay" in RECIPES[name]:
+            flags["decay"] = True  # where convert_flags gave --no-decay (T2R's own, the sweep's)
         flags["seed"] = "1"
         flags["out_dir"] = os.path.join(out, "hf-llama", f"{FOLDERS[name]}-s1")
         runs.append(Run(f"{FOLDERS[name]}-s1", "train_lm.py", flags, dict(task="hf-llama", recipe=name, seed=1)))

@@ -204,7 +204,7 @@ def command(run: Run) -> list:
     flags = {**run.flags, **({"resume": True} if state(run) in ("interrupted", "shorter") else {})}
     argv = []
     for name, value in flags.items():
-        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+        argv += [f"--{name}"] if value is True else [f"--no-{name}"] if value is False else [f"--{name}", str(value)]
     return [sys.executable, os.path.join(ROOT, run.script), *argv]
 
 

@@ -56,7 +56,7 @@ def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
     g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
     g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers attend with softmax to the last W tokens (0: off)")
-    g.add_argument("--decay", action="store_true", help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap, to a Hugging Face model (hf:) too")
+    g.add_argument("--decay", action=argparse.BooleanOptionalAction, default=False, help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap, to a Hugging Face model (hf:) too, whose T2R conversion has it by default (train_lm.py's HF_PARTS; --no-decay: without)")
     g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to the teacher (an hf: one too), as the identity")
     return g
 
@@ -65,7 +65,7 @@ def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, ev
     """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
     g = p.add_argument_group("initialisation")
     g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
-    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 (t2r), --max_steps 600, --lr 1e-3")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 and --decay (t2r), --max_steps 600, --lr 1e-3")
     g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
     g.add_argument("--keep_softmax", type=non_negative_int, default=0, help="with --init pretrained: keep softmax the N (decoder) layers whose restoration alone lowers a short distillation loss most, the ranking printed and saved in softmax_layers.json (support/choose_layers.py; 0: none)")

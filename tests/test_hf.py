@@ -33,7 +33,8 @@ from experiments import gpt2_cost
 # train_lm.py flags for the tiny GPT-2: its sizes come from its config.json
 FINETUNE = ["--max_steps", "4", "--block_size", "32", "--batch_size", "4", "--eval_context", "32", "--eval_score", "16",
             "--eval_interval", "4", "--eval_windows", "4", "--log_interval", "2", "--feature_size", "8",
-            "--chunk_size", "8", "--transfer_steps", "0"]  # the recipe's transfer stage is tested once, on its own
+            "--chunk_size", "8", "--transfer_steps", "0", "--no-decay"]  # T2R's own: the recipe's transfer stage
+# and its decaying state (HF_PARTS) are tested on their own
 
 
 def tokens(vocab_size, shape=(2, 23), seed=0):

@@ -63,3 +63,24 @@ def test_the_recipe_pages_figures_are_the_tables():
                                                                            "valid_ppl")}
     figures = re.findall(r"\b\d+\.\d\d\b", page)
     assert len(figures) >= 20 and set(figures) <= table, set(figures) - table
+
+
+def test_an_hf_t2r_conversion_takes_the_parts_since_t2r_measured_best_on_the_recipes_llama():
+    """HF_PARTS follows results/since_t2r.csv by experiments/since_t2r.py's rule (set before the last hf: runs): the
+    all-linear recipe of the lowest test perplexity, or one with fewer parts within HF_NEAR of it."""
+    from experiments.since_t2r import HF_NEAR, RECIPES
+    with open(os.path.join(ROOT, "results", "since_t2r.csv"), newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["task"] == "hf-llama" and r["softmax_layers"] == "0"]
+    best = min(rows, key=lambda r: float(r["value"]))
+    near = [r for r in rows if float(r["value"]) <= (1 + HF_NEAR) * float(best["value"])]
+    chosen = min(near, key=lambda r: (len(RECIPES[r["recipe"]]), float(r["value"])))
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder"])
+    parts = {name: getattr(args, name) for name in ("decay", "short_conv", "distill_weight")}
+    assert parts == {"decay": "decay" in chosen["recipe"], "short_conv": 4 if "conv4" in chosen["recipe"] else 0,
+                     "distill_weight": 0.5 if "distill" in chosen["recipe"] else 0.0}, chosen
+
+
+@pytest.mark.parametrize("flags", [["--no-decay"], ["--attn", "softmax"], ["--attn", "elu"], ["--window", "8"]])
+def test_the_recipes_decaying_state_is_for_t2r_and_can_be_turned_off(flags):
+    args = train_lm.get_args(["--init", "pretrained", "--pretrained", "hf:any/folder", *flags])
+    assert args.decay is False
