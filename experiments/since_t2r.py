@@ -555,7 +555,7 @@ def mqar_lines(rows: list) -> list:
         lines.append(f"- one layer kept softmax, chosen by data (the ranking kept layer "
                      f"{', '.join(str(p[0]) for p in picks)}, 0 the bottom) against every 2nd (layer 0), recall at 64 "
                      f"pairs: {', '.join(f'{r:.4f}' for r in mine)} against {', '.join(f'{r:.4f}' for r in theirs)} "
-                     f"(seeds {len(mine)} and {len(theirs)}): {verdict} (rule since-chosen-layers)")
+                     f"({len(mine)} and {len(theirs)} seeds): {verdict} (rule since-chosen-layers)")
     return lines
 
 
