@@ -465,7 +465,7 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
             stats = ""
             if judged:
                 t, df, p = welch(values[recipe], values["t2r"])
-                stats = f"; Welch t {t:.2f}, df {df:.1f}, p {p:.3f}; permutation p " \
+                stats = f"; Welch t {t:.2f}, df {df:.1f}, p {p:.2g}; permutation p " \
                         f"{exact_permutation_p(values[recipe], values['t2r']):.2f}"
             lines.append(f"- {recipe} lowers T2R's perplexity ({len(values[recipe])} against "
                          f"{len(values['t2r'])} seeds{stats}): **{verdict}**" if verdict == "yes" else
