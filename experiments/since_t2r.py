@@ -95,7 +95,8 @@ MQAR_RECIPES = {
 MQAR_PAIRS = (8, 64)
 # More seeds (train_lm.py's --seed; 1337, its default, is every run's first) where one seed each could not judge: the
 # layer chosen by data against every 2nd, 0.22 apart at 64 pairs after one seed each (the two-arms rule needs 3 a side)
-MQAR_SEEDS = {"t2r+chosen1": (1337, 1, 2), "t2r+every2nd": (1337, 1, 2)}
+MQAR_SEEDS = {"t2r+chosen1": (1337, 1, 2), "t2r+every2nd": (1337, 1, 2), "t2r+conv4": (1337, 1, 2),
+              "t2r+decay+conv4+distill": (1337, 1, 2)}  # the two best all-linear rows: 0.02 apart after one seed
 
 
 def mqar_runs() -> list:
@@ -133,6 +134,9 @@ HF_FAMILY = "llama"
 # every layer linear, but where a recipe with fewer parts is within HF_NEAR of it, that one (one seed each: a
 # difference that small is within the seeds' spread PTB measured). Set before the last of these runs finished.
 HF_NEAR = 0.02
+# Seeds: one a recipe; three for the two all-linear recipes the rule chooses between (decay, and decay+conv4+distill:
+# 2.2% apart after one seed each)
+HF_SEEDS = {"t2r+decay": (1, 2, 3), "t2r+decay+conv4+distill": (1, 2, 3)}
 
 
 def hf_teacher(out: str) -> str:
@@ -166,9 +170,10 @@ def hf_runs(teachers: str, out: str) -> list:
             i += 1 if switch else 2
         if "decay" in RECIPES[name]:
             flags["decay"] = True  # where convert_flags gave --no-decay (T2R's own, the sweep's)
-        flags["seed"] = "1"
-        flags["out_dir"] = os.path.join(out, "hf-llama", f"{FOLDERS[name]}-s1")
-        runs.append(Run(f"{FOLDERS[name]}-s1", "train_lm.py", flags, dict(task="hf-llama", recipe=name, seed=1)))
+        for seed in HF_SEEDS.get(name, (1,)):
+            folder = f"{FOLDERS[name]}-s{seed}"
+            runs.append(Run(folder, "train_lm.py", {**flags, "seed": str(seed), "out_dir": os.path.join(
+                out, "hf-llama", folder)}, dict(task="hf-llama", recipe=name, seed=seed)))
     return runs
 
 
@@ -351,24 +356,30 @@ def mqar_rows() -> list:
 
 
 def hf_rows() -> list:
-    """The hf: Llama rows (test perplexity, one seed): the teacher as train_lm.py scored it before converting."""
+    """The hf: Llama rows (test perplexity, the mean of a recipe's seeds): the teacher as train_lm.py scored it before
+    converting."""
     records = os.path.join(ROOT, "results", "runs", "since_t2r")  # the runs' records, in their out_dirs' layout
+    found = {}
+    for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), records):
+        if os.path.isfile(os.path.join(run.out_dir, "results.json")):
+            found.setdefault(run.row["recipe"], []).append(run.out_dir)
     rows = []
-    for name, run in ((r.row["recipe"], r) for r in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), records)):
-        folder = run.out_dir
-        if not os.path.isfile(os.path.join(folder, "results.json")):
-            continue
-        results = read_json(os.path.join(folder, "results.json"))
-        if not rows and os.path.isfile(os.path.join(folder, "teacher_results.json")):
-            teacher = read_json(os.path.join(folder, "teacher_results.json"))
+    for name, folders in found.items():
+        first = folders[0]
+        if not rows and os.path.isfile(os.path.join(first, "teacher_results.json")):
+            teacher = read_json(os.path.join(first, "teacher_results.json"))
             rows.append(dict(task="hf-llama", recipe="teacher", softmax_layers=4, metric="test_ppl",
-                             value=round(teacher["test"]["ppl"], 2), sd=None, seeds=1, runs=shorten(folder)))
-        decode = os.path.join(folder, "decode.json")
+                             value=round(teacher["test"]["ppl"], 2), sd=None, seeds=1, runs=shorten(first)))
+        results = [read_json(os.path.join(f, "results.json")) for f in folders]
+        mean, sd = mean_sd([r["test"]["ppl"] for r in results])
+        decode = os.path.join(first, "decode.json")
         decode = read_json(decode) if os.path.isfile(decode) else {}
-        rows.append(dict(task="hf-llama", recipe=name, softmax_layers=kept_layers(folder, 4, name), metric="test_ppl",
-                         value=round(results["test"]["ppl"], 2), sd=None, seeds=1, state_bytes=decode.get("state_bytes"),
+        rows.append(dict(task="hf-llama", recipe=name, softmax_layers=kept_layers(first, 4, name), metric="test_ppl",
+                         value=round(mean, 2), sd=None if sd is None else round(sd, 2), seeds=len(results),
+                         state_bytes=decode.get("state_bytes"),
                          decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
-                         train_minutes=round(results["train_minutes"], 1), runs=shorten(folder)))
+                         train_minutes=round(sum(r["train_minutes"] for r in results), 1),
+                         runs=" ".join(shorten(f) for f in folders)))
     return with_gaps(rows)
 
 
