@@ -515,14 +515,16 @@ def hf_lines(rows: list) -> list:
     lines = ["", "## The hf: recipe's Llama (experiments/hf_recipe.py's teacher: 4 layers, 128 wide, 4 query and 2 "
              "key/value heads, rotary positions)", "",
              f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
-             f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part, one seed; the control: the teacher "
+             f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part (one seed; three for the two all-linear "
+             "recipes HF_PARTS chose between: their mean); the control: the teacher "
              f"trained on as long, softmax. Trained on: {machines([os.path.join(ROOT, r['runs']) for r in hf])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
              "was trained on).", "",
-             "| recipe | softmax layers | test ppl | vs teacher | vs control | state bytes | tokens/s |",
-             "|---|---|---|---|---|---|---|"]
+             "| recipe | softmax layers | test ppl | seeds | vs teacher | vs control | state bytes | tokens/s |",
+             "|---|---|---|---|---|---|---|---|"]
     count = lambda v, fmt: "-" if v is None else fmt.format(v)
-    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'])} | "
+    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {r['seeds']} | "
+              f"{cell(r['gap_to_teacher'])} | "
               f"{cell(r['gap_to_control'])} | {count(r.get('state_bytes'), '{:,}')} | "
               f"{count(r.get('decode_tokens_per_s'), '{}')} |" for r in hf]
     return lines
