@@ -13,9 +13,9 @@ layer chosen by data (support/choose_layers.py), each added alone to T2R's conve
 The teacher is the study's 1x language model trained with seed 1 (experiments/study.py's `--stage teachers`: its
 record lm/softmax-random-s1, trained again where its weights are gone); every recipe finetunes it with the study's
 conversion recipe (480 steps at 1e-3, T2R's k = 32) with each of its SEEDS, and so does the softmax control (the
-teacher trained on, unchanged, as long). T2R's seed-1 row is the study's own run (lm/t2r-pretrained-k32-from-s1). A run is
-a train_lm.py command with its own out_dir under out/since_t2r, kept in results/runs/since_t2r (experiments/records.py)
-and trained by experiments/study.py's runner: skipped when done, resumed when interrupted.
+teacher trained on, unchanged, as long). T2R's seed-1 row is the study's own run (lm/t2r-pretrained-k32-from-s1). A
+run is a train_lm.py command with its own out_dir under out/since_t2r, kept in results/runs/since_t2r
+(experiments/records.py) and trained by experiments/study.py's runner: skipped when done, resumed when interrupted.
 """
 
 if __package__ in (None, ""):  # run as a file: the project's modules are found from its root, as a module
@@ -39,8 +39,9 @@ TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0'
 # the machine's time allowed (one 2-core CPU, one session): two for every recipe but the costliest (all four parts,
 # 30 minutes a run beside the others), a third for T2R and the convolution, which seeds 1-2 put 0.7 apart; not for the
 # decaying state and its all-linear combination (0.1 apart after one and two seeds)
-SEEDS = {"softmax control": (1, 2), "t2r": (1, 2, 3), "t2r+decay": (1, 2), "t2r+conv4": (1, 2, 3), "t2r+distill": (1, 2),
-         "t2r+chosen1": (1, 2), "t2r+decay+conv4+distill": (1, 2), "t2r+chosen1+decay+conv4+distill": (1,)}
+SEEDS = {"softmax control": (1, 2), "t2r": (1, 2, 3), "t2r+decay": (1, 2), "t2r+conv4": (1, 2, 3),
+         "t2r+distill": (1, 2), "t2r+chosen1": (1, 2), "t2r+decay+conv4+distill": (1, 2),
+         "t2r+chosen1+decay+conv4+distill": (1,)}
 # recipe -> the flags it adds to the study's conversion (T2R at k = 32); the order is the page's
 RECIPES = {
     "softmax control": {"attn": "softmax"},  # the teacher finetuned on as long: what the conversions aim at
@@ -193,9 +194,9 @@ HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 
 
 @torch.no_grad()
 def measure_decoding(model_pt: str, length: int = DECODE_PROMPT, new: int = DECODE_TOKENS) -> dict:
-    """decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new` tokens (the steps alone
-    timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes, and the bytes of the state
-    after the prompt and the new tokens (a KV cache grows; a T2R state does not)."""
+    """decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new` tokens (the steps
+    alone timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes, and the bytes of the
+    state after the prompt and the new tokens (a KV cache grows; a T2R state does not)."""
     from generate import traits
     from layers.states import state_bytes
     from support.checkpoints import load_checkpoint, model_from_checkpoint
@@ -421,7 +422,8 @@ def machines(folders: list) -> str:
 
 def summary_lines(rows: list) -> list:
     """A bullet a task: the best all-linear recipe against T2R, the teacher and the softmax control."""
-    names = {"ptb": "PTB (test ppl", "mqar64": "MQAR at 64 pairs (recall", "hf-llama": "the hf: recipe's Llama (test ppl"}
+    names = {"ptb": "PTB (test ppl", "mqar64": "MQAR at 64 pairs (recall",
+             "hf-llama": "the hf: recipe's Llama (test ppl"}
     lines = []
     for task, name in names.items():
         mine = {r["recipe"]: r for r in rows if r["task"] == task}
@@ -461,7 +463,8 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
     cell = lambda v, fmt="{}": "-" if v is None else fmt.format(v)
     for r in ptb:
         lines.append(f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['sd'], '{:.2f}')} | "
-                     f"{r['seeds']} | {cell(r['gap_to_teacher'], '{:+.2f}')} | {cell(r['gap_to_control'], '{:+.2f}')} | "
+                     f"{r['seeds']} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
+                     f"{cell(r['gap_to_control'], '{:+.2f}')} | "
                      f"{cell(r['state_bytes'], '{:,}')} | {cell(r['decode_tokens_per_s'])} |")
     decode = [os.path.join(r["runs"].split()[0], "decode.json") for r in ptb]
     decoded = [d for d in decode if os.path.isfile(os.path.join(ROOT, d))]
@@ -515,8 +518,8 @@ def hf_lines(rows: list) -> list:
     lines = ["", "## The hf: recipe's Llama (experiments/hf_recipe.py's teacher: 4 layers, 128 wide, 4 query and 2 "
              "key/value heads, rotary positions)", "",
              f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
-             f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part (one seed; three for the two all-linear "
-             "recipes HF_PARTS chose between: their mean); the control: the teacher "
+             f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part (one seed; three for the two "
+             "all-linear recipes HF_PARTS chose between: their mean); the control: the teacher "
              f"trained on as long, softmax. Trained on: {machines([os.path.join(ROOT, r['runs']) for r in hf])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
              "was trained on).", "",
@@ -583,8 +586,8 @@ def conv_teacher_line() -> list:
         row = next((r for r in csv.DictReader(f) if r["model"] == f"t2r{MAIN_K}+conv" and r["pairs"] == "64"), None)
     if row is None:
         return []
-    return [f"  (beside it, not judged, as it ran before the rule: experiments/mqar.py's T2R k = {MAIN_K} conversion of a "
-            f"teacher trained with a kernel-3 convolution recalls {float(row['accuracy']):.4f} at 64 pairs, "
+    return [f"  (beside it, not judged, as it ran before the rule: experiments/mqar.py's T2R k = {MAIN_K} conversion "
+            f"of a teacher trained with a kernel-3 convolution recalls {float(row['accuracy']):.4f} at 64 pairs, "
             "results/mqar.csv; a reading: there the convolution carries the previous-token shift the teacher learned "
             "to use, while one added at the swap leaves the shift to the teacher's own attention head, which the "
             "conversion must keep)"]
@@ -602,8 +605,8 @@ def main(argv=None):
                    "the CSV and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
-    p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this regular expression "
-                   "(after the teacher), so that two processes can share the runs")
+    p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this "
+                   "regular expression (after the teacher), so that two processes can share the runs")
     args = p.parse_args(argv)
     study_out, out = os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r")
     size = LM_SIZES["full"]
