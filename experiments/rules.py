@@ -29,8 +29,8 @@ CONVERGED = 0.01  # converged: the last fifth of the run lowered the best valida
 SEPARATED = 0.05  # two arms apart: Welch's two-sided p below this, and the permutation p the smallest possible
 MUCH_CLOSER = 0.5  # "much closer" (Fig. 5), as set before its runs: the distance at least halved at every k
 MOST_OF_THE_GAP = 0.5  # "closes most of the gap" (the 75% hybrid), as set before its runs
-NEAR_CONTROL = 0.02  # since T2R: an all-linear conversion "within 2% of the softmax control" (issue 63's line)
-MQAR_RECALL = 0.95  # since T2R: "recalls at least 0.95" at 64 pairs (issue 63's line)
+NEAR_CONTROL = 0.02  # since T2R: an all-linear conversion "within 2% of the softmax control"
+MQAR_RECALL = 0.95  # since T2R: an all-linear conversion "recalls at least 0.95" at 64 pairs
 
 THRESHOLDS = dict(STRONG=STRONG, SIGNIFICANT=SIGNIFICANT, COMPARABLE_BLEU=COMPARABLE_BLEU,
                   FEATURE_MARGIN=FEATURE_MARGIN, SINGLE_RUN_NOISE=SINGLE_RUN_NOISE, CONVERGED=CONVERGED,

@@ -35,8 +35,8 @@ from experiments.sizes import LM_SIZES, MQAR_SIZES
 from support.runtime import Parser, pattern, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
-# Each recipe's finetuning seeds. The issue's rule: 3 seeds where two rows differ by less than twice their spread. As
-# the machine's time allowed (one 2-core CPU, one session): two for every recipe but the costliest (all four parts,
+# Each recipe's finetuning seeds. The rule: 3 seeds where two rows differ by less than twice their spread. As the
+# machine's time allowed (one 2-core CPU): two for every recipe but the costliest (all four parts,
 # 30 minutes a run beside the others), a third for T2R and the convolution, which seeds 1-2 put 0.7 apart; not for the
 # decaying state and its all-linear combination (0.1 apart after one and two seeds)
 SEEDS = {"softmax control": (1, 2), "t2r": (1, 2, 3), "t2r+decay": (1, 2), "t2r+conv4": (1, 2, 3),
@@ -131,7 +131,7 @@ HF_RECIPES = {"softmax control": ("--attn", "softmax"), **{recipe: tuple(
     part for name, value in RECIPES[recipe].items() for part in (f"--{name}",) + (() if value is True else (value,)))
     for recipe in RECIPES if recipe != "softmax control"}}
 HF_FAMILY = "llama"
-# train_lm.py's HF_RECIPE follows these runs (issue 63): it becomes the recipe of the lowest test perplexity that leaves
+# train_lm.py's HF_RECIPE follows these runs: it becomes the recipe of the lowest test perplexity that leaves
 # every layer linear, but where a recipe with fewer parts is within HF_NEAR of it, that one (one seed each: a
 # difference that small is within the seeds' spread PTB measured). Set before the last of these runs finished.
 HF_NEAR = 0.02
