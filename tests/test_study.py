@@ -517,15 +517,8 @@ def test_the_committed_page_is_what_the_report_writes_from_the_committed_csvs(tm
     assert all(len(line) < 200 for line in headline)
     readme = open(os.path.join(ROOT, "README.md")).read()
     assert "\n## Results\n\n" + "\n".join(headline) + "\n\n" in readme, "the README's results open with the summary's"
-    made_by = next(line for line in summary if line.startswith("Made by "))
-    assert made_by in readme, "the README quotes the summary's command, runs and dates"
-    table = "\n".join(line for line in summary if line.startswith("|"))
-    assert table in readme, "the README's results table is the summary's: copy it from results/summary.md"
-    recall = [line for line in summary if line.startswith(("- **Kept**", "- **Lost**", "- **From scratch**"))]
-    assert len(recall) == 3 and all(line in readme for line in recall), "the README quotes the summary's MQAR lines"
-    budgets = [line for line in summary if line.startswith(("- PTB at ", "- Translation: "))]
-    assert len(budgets) == 3 and all(line in readme for line in budgets), \
-        "the README quotes the summary's equal-budget sentences"
+    results = readme.split("\n## Results\n", 1)[1]  # a tutorial: the dated tables and sentences stay on the page
+    assert not any(line in results for line in summary if line.startswith(("|", "Made by ", "- PTB at ", "- **")))
 
 
 # -----------------------------------------------------------------------------
