@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # run as a file: the project's modules are found 
 
 import os
 import re
+import statistics
 import time
 from dataclasses import replace
 
@@ -30,7 +31,7 @@ import torch
 
 from experiments.probes import MAIN_K
 from experiments.records import Records
-from experiments.runs import ROOT, Run
+from experiments.runs import ROOT, Run, read_json, shorten
 from experiments.sizes import LM_SIZES, MQAR_SIZES
 from support.runtime import Parser, pattern, positive_int, run_main
 
@@ -282,12 +283,6 @@ COLUMNS = ["task", "recipe", "softmax_layers", "metric", "value", "sd", "seeds",
            "gap_to_teacher", "gap_to_control", "train_minutes", "runs"]
 
 
-def read_json(path: str) -> dict:
-    import json
-    with open(path) as f:
-        return json.load(f)
-
-
 def kept_layers(folder: str, n_layer: int, recipe: str) -> int:
     """How many layers kept softmax: all of them (the teacher, the control), those softmax_layers.json names, or
     keep_softmax_every's."""
@@ -300,10 +295,8 @@ def kept_layers(folder: str, n_layer: int, recipe: str) -> int:
     return len(range(every, n_layer + 1, every)) if every else 0
 
 
-def mean_sd(values: list) -> tuple:
-    mean = sum(values) / len(values)
-    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else None
-    return mean, sd
+def mean_sd(values: list) -> tuple:  # the sample SD, where there are two values or more
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
 def ptb_rows(study_out: str, out: str, size: dict) -> tuple:
@@ -392,10 +385,6 @@ def with_gaps(rows: list) -> list:
             row[column] = round(row["value"] - same[recipe], 4 if row["metric"] == "recall" else 2) \
                 if recipe in same and recipe != row["recipe"] else None
     return rows
-
-
-def shorten(path: str) -> str:
-    return os.path.relpath(path, ROOT)
 
 
 def write_results(study_out: str, out: str, size: dict, results_dir: str):
