@@ -5,6 +5,7 @@ layer chosen by data (support/choose_layers.py), each added alone to T2R's conve
 
     python -m experiments.since_t2r --jobs 2          # the PTB runs, resumable (Ctrl-C saves; the same command goes on)
     python -m experiments.since_t2r --dry_run         # every run: done, kept (its record in results/runs) or to train
+    python -m experiments.since_t2r --stage mt        # the translator's teacher again, then each recipe (--jobs 2)
     python -m experiments.since_t2r --stage mqar      # the MQAR teacher again, then each recipe (--only REGEX: some)
     python -m experiments.since_t2r --stage hf        # the hf: recipe's Llama teacher (where missing), its conversions
     python -m experiments.since_t2r --stage decode    # each recipe's decoding speed and state size (trainings paused)
@@ -32,7 +33,7 @@ import torch
 from experiments.probes import MAIN_K
 from experiments.records import Records
 from experiments.runs import ROOT, Run, read_json, shorten
-from experiments.sizes import LM_SIZES, MQAR_SIZES
+from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_LR, MT_SIZES
 from support.runtime import Parser, pattern, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
@@ -179,6 +180,30 @@ def hf_runs(teachers: str, out: str) -> list:
     return runs
 
 
+# The translator (experiments/study.py's Table 2 model: 3+3 layers, 128 wide, on the offline LibreOffice corpus): its
+# teacher trained again here with the study's flags and seed (the study's weights were not kept, and another CPU does
+# not train the same weights), then each recipe finetunes its decoder with the study's conversion recipe (3,200 steps
+# at 8e-4, T2R's k = 4 causal and 32 cross), the study's seed 0; the control trains the teacher on as long, softmax.
+# The decaying state, the convolution and the chosen layer are the decoder's causal self-attention's.
+MT_SEED = 0
+
+
+def mt_runs(out: str, size: dict) -> list:
+    """The translator's teacher, trained in out/mt/teacher, then each RECIPES conversion of it."""
+    from experiments.study import mt_runs as study_plan
+    plan = {run.name: run for run in study_plan(out, size)}
+    teacher = plan[f"softmax-random-s{MT_SEED}"]
+    teacher = Run("teacher", teacher.script, {**teacher.flags, "out_dir": os.path.join(out, "mt", "teacher")},
+                  dict(task="mt", recipe="teacher", seed=MT_SEED))
+    conversion = {**plan[f"t2r-pretrained-s{MT_SEED}"].flags, "pretrained": os.path.join(teacher.out_dir, "model.pt")}
+    runs = [teacher]
+    for recipe, extra in RECIPES.items():
+        flags = {**conversion, **extra, "out_dir": os.path.join(out, "mt", FOLDERS[recipe])}
+        flags["attn"] = "softmax" if recipe == "softmax control" else "t2r"
+        runs.append(Run(FOLDERS[recipe], "train_mt.py", flags, dict(task="mt", recipe=recipe, seed=MT_SEED)))
+    return runs
+
+
 def rows_of(study_out: str, out: str, size: dict) -> list:
     """(run, its records) for every row of the PTB table: the study's T2R from the seed-1 teacher among them."""
     _, conversion = study_runs(study_out, size)
@@ -219,20 +244,47 @@ def measure_decoding(model_pt: str, length: int = DECODE_PROMPT, new: int = DECO
             "threads": torch.get_num_threads()}
 
 
+MT_STATE_TOKENS = 64  # a translator's state is counted for one sentence after this many target tokens
+
+
+@torch.no_grad()
+def measure_translation(out_dir: str) -> dict:
+    """decode.json of a translator: greedy tokens/s at batch 16 on its test sentences (the study's speed probe,
+    translate.measure_run), and the bytes of one sentence's decoder state (the cross-attention's of its first test
+    sentence, and the self-attention's after MT_STATE_TOKENS steps: a KV cache grows, a T2R state does not)."""
+    from experiments.probes import SPEED_BATCH, SPEED_PASSES
+    from layers.states import state_bytes
+    from support import mt_data
+    from support.fast_step import eager_decoder
+    from translate import load_run, measure_run, started
+    found = measure_run(out_dir, torch.device("cpu"), SPEED_BATCH, SPEED_PASSES)
+    model, tokenizer, sentences, _ = load_run(out_dir, torch.device("cpu"), 1)
+    decoder = eager_decoder(model)  # as translate.py decodes
+    logits, state = started(decoder, mt_data.pad(mt_data.encode(tokenizer, sentences)), [])
+    for _ in range(MT_STATE_TOKENS - 1):
+        logits, state = decoder.step(logits.argmax(-1), state)
+    return {**found, "state_bytes": state_bytes(state), "state_tokens": MT_STATE_TOKENS,
+            "threads": torch.get_num_threads()}
+
+
 def probe_decoding(study_out: str, out: str, size: dict):
-    """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, then the
-    hf: Llama's."""
+    """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, the hf:
+    Llama's, then the translator's."""
     from experiments.records import machine
     from support.runtime import write_json
     hf = [(run, "since") for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), out)]
-    for run, owner in rows_of(study_out, out, size) + hf:
-        if run.row["seed"] != 1:
+    mt = [(run, "since") for run in mt_runs(out, MT_SIZES["full"])[1:]]  # the teacher's row reads no speed
+    for run, owner in rows_of(study_out, out, size) + hf + mt:
+        if run.row["seed"] != (MT_SEED if run.row["task"] == "mt" else 1):
             continue
         model_pt = os.path.join(run.out_dir, "model.pt")
         if not os.path.isfile(model_pt):
             print(f"{run.name}: no weights here ({model_pt}): not measured")
             continue
-        found = measure_decoding(model_pt, *(HF_DECODE if run.row["task"] == "hf-llama" else ()))
+        if run.row["task"] == "mt":
+            found = measure_translation(run.out_dir)
+        else:
+            found = measure_decoding(model_pt, *(HF_DECODE if run.row["task"] == "hf-llama" else ()))
         write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
         records_of(owner, study_out, out).keep(run)
         print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
@@ -377,6 +429,25 @@ def hf_rows() -> list:
     return with_gaps(rows)
 
 
+def mt_rows() -> list:
+    """The translator's rows (test BLEU, detokenized SacreBLEU, one seed): its teacher, then each recipe."""
+    records = os.path.join(ROOT, "results", "runs", "since_t2r")  # the runs' records, in their out_dirs' layout
+    rows = []
+    for run in mt_runs(records, MT_SIZES["full"]):
+        results = os.path.join(run.out_dir, "results.json")
+        if not os.path.isfile(results):
+            continue
+        recipe, decode = run.row["recipe"], os.path.join(run.out_dir, "decode.json")
+        decode = read_json(decode) if os.path.isfile(decode) else {}
+        layers = MT_SIZES["full"]["model"]["n_layer"]
+        rows.append(dict(task="mt", recipe=recipe, softmax_layers=kept_layers(run.out_dir, layers, recipe),
+                         metric="bleu", value=read_json(results)["test"]["bleu"], sd=None, seeds=1,
+                         state_bytes=decode.get("state_bytes"),
+                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                         train_minutes=round(read_json(results)["train_minutes"], 1), runs=shorten(run.out_dir)))
+    return with_gaps(rows)
+
+
 def with_gaps(rows: list) -> list:
     """Each row's value less its task's teacher's and softmax control's (in the metric's units)."""
     for row in rows:
@@ -390,7 +461,7 @@ def with_gaps(rows: list) -> list:
 def write_results(study_out: str, out: str, size: dict, results_dir: str):
     from support.runtime import write_csv
     ptb, values = ptb_rows(study_out, out, size)
-    rows = ptb + mqar_rows() + hf_rows()
+    rows = ptb + mt_rows() + mqar_rows() + hf_rows()
     write_csv(os.path.join(results_dir, "since_t2r.csv"), rows, COLUMNS)
     page = os.path.join(results_dir, "since_t2r.md")
     from support.runtime import atomic_write
@@ -411,7 +482,7 @@ def machines(folders: list) -> str:
 
 def summary_lines(rows: list) -> list:
     """A bullet a task: the best all-linear recipe against T2R, the teacher and the softmax control."""
-    names = {"ptb": "PTB (test ppl", "mqar64": "MQAR at 64 pairs (recall",
+    names = {"ptb": "PTB (test ppl", "mt": "the translator (test BLEU", "mqar64": "MQAR at 64 pairs (recall",
              "hf-llama": "the hf: recipe's Llama (test ppl"}
     lines = []
     for task, name in names.items():
@@ -419,7 +490,7 @@ def summary_lines(rows: list) -> list:
         linear = [r for r in mine.values() if r["softmax_layers"] == 0 and r["recipe"] != "t2r"]
         if "t2r" not in mine or not linear:
             continue
-        best = (max if task.startswith("mqar") else min)(linear, key=lambda r: r["value"])
+        best = (min if task in ("ptb", "hf-llama") else max)(linear, key=lambda r: r["value"])  # ppl: lower
         seeds = lambda r: f"{r['seeds']} seed{'s' if r['seeds'] > 1 else ''}"
         others = ", ".join(f"{label} {mine[recipe]['value']:g} ({seeds(mine[recipe])})" for label, recipe in
                            (("T2R", "t2r"), ("the teacher", "teacher"), ("the softmax control", "softmax control"))
@@ -495,7 +566,29 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
                         "row is it, from the seed-0 teacher" if same else "see the seeds"))
     rules = ("since-part-helps", "since-near-control", "since-chosen-layers")
     lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in rules)})"]
-    return lines + mqar_lines(rows) + hf_lines(rows)
+    return lines + mt_lines(rows) + mqar_lines(rows) + hf_lines(rows)
+
+
+def mt_lines(rows: list) -> list:
+    mt = [r for r in rows if r["task"] == "mt"]
+    if not mt:
+        return ["", "## The translator", "", "Not run yet: `python -m experiments.since_t2r --stage mt`."]
+    size, cell = MT_SIZES["full"], lambda v, fmt: "-" if v is None else fmt.format(v)
+    lines = ["", "## The translator (the study's Table 2 model: 3+3 layers, d_model 128, the LibreOffice corpus)", "",
+             f"Its teacher trained again here with the study's flags (seed {MT_SEED}); each recipe finetunes it "
+             f"{size['finetune_steps']} steps at lr {MT_LR['finetune']:g} (the study's conversion: T2R's k = 4 in the "
+             "decoder's causal attention, 32 in its cross attention), one seed; the parts and the chosen layer are "
+             "the decoder's causal attention's; the control trains the teacher on as long, softmax. Test BLEU: "
+             "detokenized SacreBLEU, beam 5. Decoding: greedy tokens/s at batch 16 on the test sentences (the "
+             "study's speed probe, the median of 3 passes), and one sentence's decoder state after "
+             f"{MT_STATE_TOKENS} target tokens, cross attention included. "
+             f"Trained on: {machines([os.path.join(ROOT, r['runs']) for r in mt])}.", "",
+             "| recipe | softmax layers | test BLEU | vs teacher | vs control | state bytes | tokens/s | train minutes |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
+              f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r['state_bytes'], '{:,}')} | "
+              f"{cell(r['decode_tokens_per_s'], '{}')} | {r['train_minutes']} |" for r in mt]
+    return lines
 
 
 def hf_lines(rows: list) -> list:
@@ -587,11 +680,11 @@ def conv_teacher_line() -> list:
 def main(argv=None):
     from experiments.study import execute
     p = Parser(prog="python -m experiments.since_t2r", description="The conversions since T2R, on the study's teacher.")
-    p.add_argument("--stage", default="train", choices=["train", "mqar", "hf", "decode", "results"],
-                   help="train: the PTB runs (the teacher first, where its weights are gone); mqar: the MQAR runs (one "
-                   "at a time); hf: the hf: recipe's Llama (its teacher trained first where missing) and its "
-                   "conversions; decode: each recipe's decoding speed and state (run it alone: it times); results: "
-                   "the CSV and page")
+    p.add_argument("--stage", default="train", choices=["train", "mt", "mqar", "hf", "decode", "results"],
+                   help="train: the PTB runs (the teacher first, where its weights are gone); mt: the translator's "
+                   "teacher, then its conversions; mqar: the MQAR runs (one at a time); hf: the hf: recipe's Llama "
+                   "(its teacher trained first where missing) and its conversions; decode: each recipe's decoding "
+                   "speed and state (run it alone: it times); results: the CSV and page")
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
     p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this "
@@ -604,6 +697,9 @@ def main(argv=None):
         execute(study_runs(study_out, size), args.dry_run, args.jobs,
                 Records(study_out, os.path.join(ROOT, "results", "runs")))
         execute(ptb_runs(study_out, out, size), args.dry_run, args.jobs,
+                Records(out, os.path.join(ROOT, "results", "runs", "since_t2r")))
+    if args.stage == "mt":
+        execute(mt_runs(out, MT_SIZES["full"]), args.dry_run, args.jobs,
                 Records(out, os.path.join(ROOT, "results", "runs", "since_t2r")))
     if args.stage == "mqar" and not args.dry_run:
         train_mqar(out, args.only)

@@ -14,7 +14,7 @@ import train_lm
 from conftest import ROOT, assert_one_line_error, run_in_process
 from decay import DecayingAttention
 from experiments import mqar, since_t2r
-from experiments.sizes import LM_SIZES, MQAR_SIZES
+from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
 
 
 def plan(tmp_path):
@@ -41,6 +41,40 @@ def test_each_recipe_is_the_studys_conversion_with_its_parts_as_train_lm_reads_t
     assert (args.decay, args.short_conv, args.distill_weight, args.keep_softmax) == (
         "decay" in recipe, 4 if "conv4" in recipe else 0, 0.5 if "distill" in recipe else 0.0,
         1 if "chosen1" in recipe else 0)
+
+
+@pytest.mark.parametrize("recipe", list(since_t2r.RECIPES))
+def test_each_translator_recipe_is_the_studys_conversion_of_the_teacher_trained_here(tmp_path, recipe):
+    import train_mt
+    runs = since_t2r.mt_runs(str(tmp_path / "since"), MT_SIZES["full"])
+    teacher, run = runs[0], next(r for r in runs if r.row["recipe"] == recipe)
+    assert teacher.flags["max_steps"] == 4800 and teacher.flags["seed"] == since_t2r.MT_SEED
+    argv = []
+    for name, value in run.flags.items():
+        argv += [f"--{name}"] if value is True else [f"--{name}", str(value)]
+    args = train_mt.get_args(argv)
+    assert args.pretrained == os.path.join(teacher.out_dir, "model.pt")
+    assert (args.max_steps, args.lr, args.seed) == (3200, 8e-4, since_t2r.MT_SEED)
+    assert args.attn == ("softmax" if recipe == "softmax control" else "t2r")
+    assert (args.decay, args.short_conv, args.distill_weight, args.keep_softmax) == (
+        "decay" in recipe, 4 if "conv4" in recipe else 0, 0.5 if "distill" in recipe else 0.0,
+        1 if "chosen1" in recipe else 0)
+
+
+def test_a_translators_decoding_record_counts_one_sentences_state(trained_translator, monkeypatch):
+    """T2R's state is its size whatever the tokens: per decoder layer S and z of the causal attention (k = 4) and of
+    the cross attention (k = 8), float32; the softmax teacher's KV cache grows with them."""
+    tmp, _, _ = trained_translator
+    n_layer, heads, head_size, k, k_cross = 2, 2, 16, 4, 8  # conftest's MT_TINY
+    found = {}
+    for tokens in (8, 40):
+        monkeypatch.setattr(since_t2r, "MT_STATE_TOKENS", tokens)
+        found[tokens] = {kind: since_t2r.measure_translation(str(tmp / "out" / f"mt-toy-en-de-{kind}"))
+                         for kind in ("t2r-pretrained", "softmax-random")}
+        assert found[tokens]["t2r-pretrained"]["state_bytes"] == \
+            n_layer * heads * (k * head_size + k + k_cross * head_size + k_cross) * 4
+    assert found[40]["softmax-random"]["state_bytes"] > found[8]["softmax-random"]["state_bytes"]
+    assert found[8]["t2r-pretrained"]["tokens_per_s"] > 0 and len(found[8]["t2r-pretrained"]["tokens_per_s_passes"]) == 3
 
 
 @pytest.fixture(scope="module")
