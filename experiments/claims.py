@@ -540,7 +540,8 @@ def bootstrap_interval(pairs: list, a: dict, b: dict) -> tuple:
 def verdict_legend() -> str:
     """What each verdict means, and the study's own lines where the paper's words are qualitative."""
     return ("Verdicts: yes; **no**; within noise: the two sides differ by no more than the spread (half the range "
-            "of each side's seeds, added; a side with one seed adds 0); inconclusive: a 95% interval, the timing "
+            "of each side's seeds, added; a side with one seed adds 0, but at twice the equal budget, where a side of "
+            "one run takes its 1x seeds' spread, as its row says); inconclusive: a 95% interval, the timing "
             f"passes, or single timings give or take their {SINGLE_RUN_NOISE:.0%} noise, straddle the line; n/a: "
             "nothing to judge; not measured: its runs are not made yet. Neither of the last two is counted; the "
             "headline counts within noise as inconclusive. Where the "
