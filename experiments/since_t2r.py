@@ -37,13 +37,12 @@ from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_LR, MT_SIZES
 from support.runtime import Parser, pattern, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
-# Each recipe's finetuning seeds. The rule: 3 seeds where two rows differ by less than twice their spread. As the
-# machine's time allowed (one 2-core CPU): two for every recipe but the costliest (all four parts,
-# 30 minutes a run beside the others), a third for T2R and the convolution, which seeds 1-2 put 0.7 apart; not for the
-# decaying state and its all-linear combination (0.1 apart after one and two seeds)
-SEEDS = {"softmax control": (1, 2), "t2r": (1, 2, 3), "t2r+decay": (1, 2), "t2r+conv4": (1, 2, 3),
-         "t2r+distill": (1, 2), "t2r+chosen1": (1, 2), "t2r+decay+conv4+distill": (1, 2),
-         "t2r+chosen1+decay+conv4+distill": (1,)}
+# Each recipe's finetuning seeds: SEED_RULE (3) where two rows differ by less than twice their spread (seeds_wanted,
+# which the page applies to the finished runs); two at first, then a third where the rule asked: T2R and the
+# convolution (0.7 apart after two), the decaying state, its all-linear combination and all four (within 1.1)
+SEEDS = {"softmax control": (1, 2), "t2r": (1, 2, 3), "t2r+decay": (1, 2, 3), "t2r+conv4": (1, 2, 3),
+         "t2r+distill": (1, 2), "t2r+chosen1": (1, 2), "t2r+decay+conv4+distill": (1, 2, 3),
+         "t2r+chosen1+decay+conv4+distill": (1, 2, 3)}
 # recipe -> the flags it adds to the study's conversion (T2R at k = 32); the order is the page's
 RECIPES = {
     "softmax control": {"attn": "softmax"},  # the teacher finetuned on as long: what the conversions aim at
@@ -96,10 +95,12 @@ MQAR_RECIPES = {
     "t2r+chosen1+decay+conv4+distill": ("--keep_softmax", 1, "--decay", "--short_conv", 4, "--distill_weight", 0.5),
 }
 MQAR_PAIRS = (8, 64)
-# More seeds (train_lm.py's --seed; 1337, its default, is every run's first) where one seed each could not judge: the
-# layer chosen by data against every 2nd, 0.22 apart at 64 pairs after one seed each (the two-arms rule needs 3 a side)
-MQAR_SEEDS = {"t2r+chosen1": (1337, 1, 2), "t2r+every2nd": (1337, 1, 2), "t2r+conv4": (1337, 1, 2),
-              "t2r+decay+conv4+distill": (1337, 1, 2)}  # the two best all-linear rows: 0.02 apart after one seed
+# More seeds (train_lm.py's --seed; 1337, its default, is every run's first) where the seed rule asks (seeds_wanted):
+# first for the layer chosen by data against every 2nd (0.22 apart at 64 pairs after one seed each) and the two best
+# all-linear rows (0.02 apart), then for the rows within twice the spread those seeds measured
+MQAR_SEEDS = {recipe: (1337, 1, 2) for recipe in ("t2r+chosen1", "t2r+every2nd", "t2r+conv4", "t2r+decay+conv4+distill",
+                                                  "softmax control", "t2r", "t2r+decay", "t2r+distill",
+                                                  "t2r+chosen1+decay+conv4+distill")}
 
 
 def mqar_runs() -> list:
@@ -138,8 +139,8 @@ HF_FAMILY = "llama"
 # difference that small is within the seeds' spread PTB measured). Set before the last of these runs finished.
 HF_NEAR = 0.02
 # Seeds: one a recipe; three for the two all-linear recipes the rule chooses between (decay, and decay+conv4+distill:
-# 2.2% apart after one seed each)
-HF_SEEDS = {"t2r+decay": (1, 2, 3), "t2r+decay+conv4+distill": (1, 2, 3)}
+# 2.2% apart after one seed each), and where the seed rule asks (all four, 0.04 from decay+conv4+distill)
+HF_SEEDS = {"t2r+decay": (1, 2, 3), "t2r+decay+conv4+distill": (1, 2, 3), "t2r+chosen1+decay+conv4+distill": (1, 2, 3)}
 
 
 def hf_teacher(out: str) -> str:
@@ -470,6 +471,46 @@ def write_results(study_out: str, out: str, size: dict, results_dir: str):
     print(f"wrote {shorten(os.path.join(results_dir, 'since_t2r.csv'))} ({len(rows)} rows) and {shorten(page)}")
 
 
+SEED_RULE = 3  # seeds a row needs where another of its task is closer than twice their spread
+
+
+def seeds_wanted(rows: list) -> dict:
+    """The rule on the seeds: where two rows of a task (the teacher aside) differ by less than twice their spread, each
+    has SEED_RULE seeds. The spread of a pair: the larger SD of the two; a row of one seed takes its task's largest
+    SD measured (a task with none has no spread to judge by). {task: {recipe: (its seeds, the rows it is close to)}}."""
+    wanted = {}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task and r["recipe"] != "teacher"]
+        measured = [r["sd"] for r in mine if r["sd"] is not None]
+        if not measured:
+            wanted[task] = None
+            continue
+        spread = lambda r: max(measured) if r["sd"] is None else r["sd"]
+        found = wanted.setdefault(task, {})
+        for i, a in enumerate(mine):
+            for b in mine[i + 1:]:
+                if abs(a["value"] - b["value"]) < 2 * max(spread(a), spread(b)):
+                    for row, other in ((a, b), (b, a)):
+                        if row["seeds"] < SEED_RULE:
+                            found.setdefault(row["recipe"], (row["seeds"], []))[1].append(other["recipe"])
+    return wanted
+
+
+def seed_rule_lines(rows: list) -> list:
+    lines = ["", "## Seeds", "", f"The rule: where two rows of a task differ by less than twice their spread (the larger "
+             f"SD of the two; a row of one seed takes its task's largest SD), each has {SEED_RULE} seeds. What it "
+             "still asks for:", ""]
+    for task, found in seeds_wanted(rows).items():
+        if found is None:
+            lines.append(f"- {task}: one seed a row, so no spread measured to judge by")
+        elif not found:
+            lines.append(f"- {task}: nothing")
+        else:
+            lines.append(f"- {task}: " + "; ".join(f"{recipe} ({seeds} seed{'s' * (seeds > 1)}; close to "
+                                                   f"{', '.join(close)})" for recipe, (seeds, close) in found.items()))
+    return lines
+
+
 def machines(folders: list) -> str:
     """Where and when the runs trained, from their machine.json: '<device>, <threads> thread(s), <first>..<last>'."""
     found = [read_json(p) for p in (os.path.join(f, "machine.json") for f in folders) if os.path.isfile(p)]
@@ -566,7 +607,7 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
                         "row is it, from the seed-0 teacher" if same else "see the seeds"))
     rules = ("since-part-helps", "since-near-control", "since-chosen-layers")
     lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in rules)})"]
-    return lines + mt_lines(rows) + mqar_lines(rows) + hf_lines(rows)
+    return lines + mt_lines(rows) + mqar_lines(rows) + hf_lines(rows) + seed_rule_lines(rows)
 
 
 def mt_lines(rows: list) -> list:

@@ -148,6 +148,20 @@ def test_the_gaps_are_to_the_tasks_own_teacher_and_control():
     assert gaps[("mqar64", "t2r")] == (-0.5709, None)
 
 
+def row(task, recipe, value, sd, seeds):
+    return dict(task=task, recipe=recipe, value=value, sd=sd, seeds=seeds)
+
+
+def test_the_seed_rule_asks_for_three_where_two_rows_are_closer_than_twice_their_spread():
+    rows = [row("ptb", "teacher", 130.0, None, 1), row("ptb", "a", 125.0, 0.5, 2), row("ptb", "b", 125.9, 0.2, 2),
+            row("ptb", "c", 127.0, 0.5, 3), row("ptb", "d", 135.0, None, 1), row("ptb", "e", 134.1, None, 1),
+            row("mt", "a", 20.0, None, 1), row("mt", "b", 20.1, None, 1)]
+    wanted = since_t2r.seeds_wanted(rows)
+    # a-b: 0.9 < 2 x 0.5; b-c: 1.1 < 1.0? no; a-c: 2.0, no; d-e: 0.9 < 2 x 0.5 (one seed: the task's largest SD)
+    assert wanted["ptb"] == {"a": (2, ["b"]), "b": (2, ["a"]), "d": (1, ["e"]), "e": (1, ["d"])}
+    assert wanted["mt"] is None  # no spread measured
+
+
 def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
     size = LM_SIZES["full"]
     since_t2r.write_results(os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r"), size,
