@@ -42,6 +42,7 @@ THRESHOLDS = dict(STRONG=STRONG, SIGNIFICANT=SIGNIFICANT, COMPARABLE_BLEU=COMPAR
 LM_RUNS = "2026-11-24"  # Table 1's models, Figs. 4-6's sweep and attention analysis (second edition)
 MT_RUNS = "2026-11-24"  # Table 2's translators
 BENCH_RUNS = "2026-11-24 and 2026-11-25"
+SINCE_MT_RUNS = "the translator's: 2026-11-28 and later"
 SINCE_RUNS = "2026-11-28, but five recipes' first seed before"  # bench.py on the translators (5599d11, then cfc21bf, which the page reads)
 
 
@@ -234,6 +235,10 @@ RULES = [
     Rule("since-mqar-recall", r"an all-linear k = 32 conversion recalls at 64 pairs",
          f"its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",), ("MQAR_RECALL",), "6644ad4",
          "2026-11-28", "2026-11-28, after the rule", True, "23fd5ce71339"),
+    Rule("since-mt-near-control", r"an all-linear conversion within 1 BLEU of the softmax control",
+         f"the test BLEU of the best all-linear recipe at most {COMPARABLE_BLEU:g} below the softmax control "
+         "finetuned from the same teacher as long (one seed each)", (S + "translates_near_control",),
+         ("COMPARABLE_BLEU",), "THIS", "2026-11-28", SINCE_MT_RUNS, True, "95e4661882c5"),
     Rule("teacher-converged", r"the language-model teacher",
          f"the last fifth of its run lowered its best validation perplexity by less than {CONVERGED:.0%}",
          (P + "plateau_gain",), ("CONVERGED",), "4ec76e2", "2026-11-23", LM_RUNS, True, "54b981829b10"),

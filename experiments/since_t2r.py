@@ -329,6 +329,12 @@ def recalls(recall: float) -> str:
     return "yes" if recall >= MQAR_RECALL else "**no**"
 
 
+def translates_near_control(all_linear: float, control: float) -> str:
+    """"An all-linear translator within COMPARABLE_BLEU of the softmax control's test BLEU": one seed each."""
+    from experiments.rules import COMPARABLE_BLEU
+    return "yes" if all_linear >= control - COMPARABLE_BLEU else "**no**"
+
+
 # -----------------------------------------------------------------------------
 # The table (results/since_t2r.csv, one row a result) and the page (results/since_t2r.md), from the records alone
 
@@ -629,6 +635,15 @@ def mt_lines(rows: list) -> list:
     lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
               f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r['state_bytes'], '{:,}')} | "
               f"{cell(r['decode_tokens_per_s'], '{}')} | {r['train_minutes']} |" for r in mt]
+    from experiments.rules import BY_ID, COMPARABLE_BLEU, when
+    control = next((r for r in mt if r["recipe"] == "softmax control"), None)
+    linear = [r for r in mt if r["softmax_layers"] == 0 and r["recipe"] != "t2r"]
+    if control and linear:
+        best = max(linear, key=lambda r: r["value"])
+        lines += ["", f"- an all-linear conversion within {COMPARABLE_BLEU:g} BLEU of the softmax control "
+                  f"({control['value']:.2f}): the best, {best['recipe']}, {best['value']:.2f}: "
+                  f"{translates_near_control(best['value'], control['value'])} (rule since-mt-near-control, "
+                  f"{when(BY_ID['since-mt-near-control'])})"]
     return lines
 
 

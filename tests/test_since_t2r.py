@@ -148,6 +148,11 @@ def test_the_gaps_are_to_the_tasks_own_teacher_and_control():
     assert gaps[("mqar64", "t2r")] == (-0.5709, None)
 
 
+@pytest.mark.parametrize("all_linear, verdict", [(29.0, "yes"), (28.5, "yes"), (28.49, "**no**")])
+def test_a_translator_near_the_control_means_within_one_bleu_of_it(all_linear, verdict):
+    assert since_t2r.translates_near_control(all_linear, 29.5) == verdict
+
+
 def row(task, recipe, value, sd, seeds):
     return dict(task=task, recipe=recipe, value=value, sd=sd, seeds=seeds)
 
