@@ -238,7 +238,7 @@ RULES = [
     Rule("since-mt-near-control", r"an all-linear conversion within 1 BLEU of the softmax control",
          f"the test BLEU of the best all-linear recipe at most {COMPARABLE_BLEU:g} below the softmax control "
          "finetuned from the same teacher as long (one seed each)", (S + "translates_near_control",),
-         ("COMPARABLE_BLEU",), "THIS", "2026-11-28", SINCE_MT_RUNS, True, "95e4661882c5"),
+         ("COMPARABLE_BLEU",), "e41feca", "2026-11-28", SINCE_MT_RUNS, True, "95e4661882c5"),
     Rule("teacher-converged", r"the language-model teacher",
          f"the last fifth of its run lowered its best validation perplexity by less than {CONVERGED:.0%}",
          (P + "plateau_gain",), ("CONVERGED",), "4ec76e2", "2026-11-23", LM_RUNS, True, "54b981829b10"),
