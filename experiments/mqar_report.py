@@ -78,7 +78,20 @@ def sweep_table(rows: list, pairs: list) -> list:
                 continue
             lines.append(f"| {model} | {rate(first)} | {first['valid_loss']:.4f} | {first['accuracy']:.3f} | "
                          f"{last['accuracy']:.3f} | {'yes' if first['selected'] else ''} |")
-    return lines + [""]
+    edge = at_the_edge(rows, swept)
+    return lines + ([""] + [f"At the edge of its sweep (a rate beyond it might do better): "
+                            f"{', '.join(f'{model} (its pick {lr:g})' for model, lr in edge)}."] if edge else []) + [""]
+
+
+def at_the_edge(rows: list, swept: list) -> list:
+    """[(model, rate)] of the sweeps whose pick (the lowest validation loss) is their highest or lowest rate."""
+    edge = []
+    for model in swept:
+        rates = {r["lr"] for r in group(rows, model=model) if r.get("lr")}
+        pick = next((r["lr"] for r in group(rows, model=model) if r.get("selected") == 1), None)
+        if pick is not None and len(rates) > 1 and pick in (min(rates), max(rates)):
+            edge.append((model, pick))
+    return edge
 
 
 def mqar_reading(rows: list) -> list:

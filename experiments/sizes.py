@@ -58,7 +58,7 @@ MT_LR = dict(pretrain=2e-3, finetune=8e-4)
 # `ks`: the feature sizes of the conversions.
 MQAR_SIZES = {"full": dict(d_model=128, n_head=4, n_layer=2, teacher_steps=10000, curriculum=3000, finetune_steps=600,
                            transfer_steps=200, batch_size=64, eval_sequences=256, lr=1e-3, window=16,
-                           lrs=(3e-4, 1e-3, 3e-3), short_conv=3, ks=(8, 16, 32, 64)),
+                           lrs=(3e-4, 1e-3, 3e-3, 1e-2), short_conv=3, ks=(8, 16, 32, 64)),
               "quick": dict(d_model=16, n_head=2, n_layer=2, teacher_steps=6, curriculum=3, finetune_steps=3,
                             transfer_steps=2, batch_size=4, eval_sequences=8, lr=2e-3, window=16, lrs=(2e-3, 4e-3),
                             short_conv=3, ks=(8, 64))}

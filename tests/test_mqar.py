@@ -206,7 +206,8 @@ def test_the_provenance_is_the_runs_records_not_the_machine_that_rebuilds_the_ta
     where = json.loads((tmp_path / "mqar.json").read_text())
     print(mqar.mqar_provenance(where))
     assert "AMD EPYC, 2 cores" in where["devices"] and ANOTHER_MACHINE["device"] not in where["devices"]
-    assert where["dates"][0] == "2026-11-20" and where["recorded"] == where["runs"] == 35
+    planned = len(mqar.plan(mqar.MQAR_SIZES["full"]))
+    assert where["dates"][0] == "2026-11-20" and where["recorded"] == where["runs"] == planned
 
 
 @pytest.mark.parametrize("differs", ["budget", "model", "curriculum"])
@@ -251,3 +252,11 @@ def test_a_rate_that_diverges_is_recorded_never_picked_and_shown_as_diverged(tmp
     assert {r["accuracy"] for r in rows if r["run"] == high.name} == {None}
     lines = sweep_table(rows, list(mqar.PAIRS))
     assert f"| t2r32 from scratch | {high.lr:g} | diverged | - | - | |" in lines, lines
+
+
+@pytest.mark.parametrize("pick, edge", [(1e-2, True), (3e-4, True), (1e-3, False)])
+def test_a_sweep_whose_pick_is_its_highest_or_lowest_rate_is_named_at_the_edge(pick, edge):
+    from experiments.mqar_report import at_the_edge
+    rows = [dict(model="sru++ from scratch", run=f"lr {lr:g}", lr=lr, selected=int(lr == pick), pairs=n)
+            for lr in (3e-4, 1e-3, 3e-3, 1e-2) for n in (4, 64)]
+    assert at_the_edge(rows, ["sru++ from scratch"]) == ([("sru++ from scratch", pick)] if edge else [])
