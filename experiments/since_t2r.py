@@ -503,7 +503,7 @@ def seeds_wanted(rows: list) -> dict:
 
 
 def seed_rule_lines(rows: list) -> list:
-    lines = ["", "## Seeds", "", f"The rule: where two rows of a task differ by less than twice their spread (the larger "
+    lines = ["", "## Seeds", "", "The rule: where two rows of a task differ by less than twice their spread (the larger "
              f"SD of the two; a row of one seed takes its task's largest SD), each has {SEED_RULE} seeds. What it "
              "still asks for:", ""]
     for task, found in seeds_wanted(rows).items():
@@ -630,11 +630,15 @@ def mt_lines(rows: list) -> list:
              "study's speed probe, the median of 3 passes), and one sentence's decoder state after "
              f"{MT_STATE_TOKENS} target tokens, cross attention included. "
              f"Trained on: {machines([os.path.join(ROOT, r['runs']) for r in mt])}.", "",
-             "| recipe | softmax layers | test BLEU | vs teacher | vs control | state bytes | tokens/s | train minutes |",
+             "| recipe | softmax layers | test BLEU | vs teacher | vs control | state bytes | tokens/s "
+             "| train minutes |",
              "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
               f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r['state_bytes'], '{:,}')} | "
               f"{cell(r['decode_tokens_per_s'], '{}')} | {r['train_minutes']} |" for r in mt]
+    missing = [recipe for recipe in RECIPES if recipe not in {r["recipe"] for r in mt}]
+    if missing:
+        lines += ["", f"Still to run (`python -m experiments.since_t2r --stage mt`): {', '.join(missing)}."]
     from experiments.rules import BY_ID, COMPARABLE_BLEU, when
     control = next((r for r in mt if r["recipe"] == "softmax control"), None)
     linear = [r for r in mt if r["softmax_layers"] == 0 and r["recipe"] != "t2r"]

@@ -74,7 +74,8 @@ def test_a_translators_decoding_record_counts_one_sentences_state(trained_transl
         assert found[tokens]["t2r-pretrained"]["state_bytes"] == \
             n_layer * heads * (k * head_size + k + k_cross * head_size + k_cross) * 4
     assert found[40]["softmax-random"]["state_bytes"] > found[8]["softmax-random"]["state_bytes"]
-    assert found[8]["t2r-pretrained"]["tokens_per_s"] > 0 and len(found[8]["t2r-pretrained"]["tokens_per_s_passes"]) == 3
+    t2r = found[8]["t2r-pretrained"]
+    assert t2r["tokens_per_s"] > 0 and len(t2r["tokens_per_s_passes"]) == 3
 
 
 @pytest.fixture(scope="module")
