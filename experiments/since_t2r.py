@@ -8,7 +8,8 @@ layer chosen by data (support/choose_layers.py), each added alone to T2R's conve
     python -m experiments.since_t2r --stage mt        # the translator's teacher again, then each recipe (--jobs 2)
     python -m experiments.since_t2r --stage mqar      # the MQAR teacher again, then each recipe (--only REGEX: some)
     python -m experiments.since_t2r --stage hf        # the hf: recipe's Llama teacher (where missing), its conversions
-    python -m experiments.since_t2r --stage decode    # each recipe's decoding speed and state size (trainings paused)
+    python -m experiments.since_t2r --stage decode    # each recipe's decoding speed and state size (trainings paused;
+                                                      # --only mt: one task's rows)
     python -m experiments.since_t2r --stage results   # results/since_t2r.csv and results/since_t2r.md, from the records
 
 The teacher is the study's 1x language model trained with seed 1 (experiments/study.py's `--stage teachers`: its
@@ -34,7 +35,7 @@ from experiments.probes import MAIN_K
 from experiments.records import Records
 from experiments.runs import ROOT, Run, read_json, shorten
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_LR, MT_SIZES
-from support.runtime import Parser, pattern, positive_int, run_main
+from support.runtime import Parser, UserError, pattern, positive_int, run_main
 
 TEACHER_SEED = 1  # the study's teacher of seed 1: its weights are here (seed 0's were not kept)
 # Each recipe's finetuning seeds: SEED_RULE (3) where two rows differ by less than twice their spread (seeds_wanted,
@@ -268,15 +269,19 @@ def measure_translation(out_dir: str) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def probe_decoding(study_out: str, out: str, size: dict):
+DECODED_TASKS = ("ptb", "hf-llama", "mt")  # what --stage decode times, in its order
+
+
+def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
     """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, the hf:
-    Llama's, then the translator's."""
+    Llama's, then the translator's; of the tasks whose name (ptb, hf-llama, mt) matches `tasks`, so that one task's
+    rows can be timed again together, on one machine on one day."""
     from experiments.records import machine
     from support.runtime import write_json
     hf = [(run, "since") for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), out)]
     mt = [(run, "since") for run in mt_runs(out, MT_SIZES["full"])[1:]]  # the teacher's row reads no speed
     for run, owner in rows_of(study_out, out, size) + hf + mt:
-        if run.row["seed"] != (MT_SEED if run.row["task"] == "mt" else 1):
+        if run.row["seed"] != (MT_SEED if run.row["task"] == "mt" else 1) or not re.search(tasks, run.row["task"]):
             continue
         model_pt = os.path.join(run.out_dir, "model.pt")
         if not os.path.isfile(model_pt):
@@ -748,8 +753,11 @@ def main(argv=None):
     p.add_argument("--dry_run", action="store_true", help="print the plan and each run's state, run nothing")
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
     p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this "
-                   "regular expression (after the teacher), so that two processes can share the runs")
+                   "regular expression (after the teacher), so that two processes can share the runs; --stage "
+                   "decode: the tasks (ptb, hf-llama, mt)")
     args = p.parse_args(argv)
+    if args.stage == "decode" and not any(re.search(args.only, task) for task in DECODED_TASKS):
+        raise UserError(f"--only: {args.only!r} matches none of the tasks decode times ({', '.join(DECODED_TASKS)})")
     study_out, out = os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r")
     size = LM_SIZES["full"]
     t0 = time.time()
@@ -770,7 +778,7 @@ def main(argv=None):
         execute(hf_runs(teachers, out), args.dry_run, args.jobs, Records(out, os.path.join(ROOT, "results", "runs",
                                                                                             "since_t2r")))
     if args.stage == "decode":
-        probe_decoding(study_out, out, size)
+        probe_decoding(study_out, out, size, args.only)
     if args.stage == "results":
         write_results(study_out, out, size, os.path.join(ROOT, "results"))
     print(f"since_t2r: {(time.time() - t0) / 60:.1f} minutes this time")

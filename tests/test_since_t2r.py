@@ -182,6 +182,19 @@ def test_a_bad_only_pattern_is_one_line_before_any_work(tmp_path):
     assert_one_line_error(result, "--only: '(' is not a regular expression")
 
 
+@pytest.mark.parametrize("only, folders", [("mt", ["since/mt"]), ("ptb", ["since/ptb", "study/lm"]),
+                                           ("hf", ["since/hf-llama"])])  # PTB's T2R row is the study's run
+def test_decode_with_only_visits_that_tasks_rows_alone(tmp_path, capsys, only, folders):
+    since_t2r.probe_decoding(str(tmp_path / "study"), str(tmp_path / "since"), LM_SIZES["full"], only)
+    lines = capsys.readouterr().out.splitlines()  # no weights in tmp_path: each row it visits says so
+    assert lines and all(any(f"{tmp_path / f}{os.sep}" in line for f in folders) for line in lines), lines
+
+
+def test_decode_refuses_an_only_that_names_no_task_before_timing_anything(tmp_path):
+    result = run_in_process("experiments.since_t2r", "--stage", "decode", "--only", "llama-hf", cwd=tmp_path)
+    assert_one_line_error(result, "--only: 'llama-hf' matches none of the tasks decode times (ptb, hf-llama, mt)")
+
+
 def test_the_hf_runs_are_the_recipe_with_each_part_and_the_control_without_transfer(tmp_path):
     from train_lm import HF_RECIPE
     runs = {run.row["recipe"]: run.flags for run in since_t2r.hf_runs(str(tmp_path / "hf"), str(tmp_path / "out"))}
