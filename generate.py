@@ -17,8 +17,8 @@ of Eq. 4, its state handed to the step; a softmax layer's KV cache filled at onc
 the decoding speed after it are printed apart. The recurrent step is t2r.py's (`model.step`, Eqs. 6-7 on S and z;
 --step model runs it as written), run fast by default (support/fast_step.py's FlatStep: its layers without module
 calls, S and z fused as [S | z]; the same logits within rounding); on CUDA it is recorded once as a CUDA graph and
-replayed at every token. Models that step their own way (families.py's, the window hybrid's, SRU++) run their own step,
-and the first line printed says so. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q, W_k.
+replayed at every token. Models that step their own way (a family's with rotary positions or grouped heads, SRU++) run
+their own step, and the first line printed says so. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q, W_k.
 SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
 values of their attention layers.
 """
@@ -337,7 +337,7 @@ def text_of(lm, ids) -> str:
 
 def first_line(model, decoder, args) -> str:
     """What generates, in which --mode, and (recurrent) the state it keeps and what runs its step: t2r.py's as written,
-    compiled, the fast one, or a model's own (one that steps its own way: families.py's, the window's, SRU++'s)."""
+    compiled, the fast one, or a model's own (one that steps its own way: a Llama's, SRU++'s)."""
     t = traits(model)
     if args.mode == "recompute":
         return f"{args.ckpt}: {t.what}, mode recompute"
@@ -347,7 +347,8 @@ def first_line(model, decoder, args) -> str:
     elif type(model).step is TransformerBase.step:
         step = "t2r.py's step as written (model.step, S and z apart)"
     else:
-        step = f"{type(model).__module__}.py's own step (it steps its own way: the fast step is t2r.py's models')"
+        step = f"{type(model).__module__}.py's own step (it steps its own way: the fast step is for models without " \
+               "rotary positions or grouped heads)"
     step = f"CUDA graph of {step}" if recorded else f"{step}, compiled" if args.compile else step
     prefill = ("prompt read in one parallel pass" if args.prefill == "parallel" and t.parallel_prefill else
                "prompt read a step a token" + ("" if args.prefill == "step" else " (its parallel prefill is not "

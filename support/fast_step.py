@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
+from decay import DecayingAttention
+from families import FamilyBlock, FamilyLM
 from t2r import Block, LinearAttention, SoftmaxAttention, TransformerBase, normalize
 
 
@@ -71,12 +73,12 @@ class FlatStep:
     a CPU each module call costs microseconds, as much as a small layer's arithmetic, and t2r.py's step, written to be
     read, makes about ten a layer; unrolled and fused, a token takes 0.79 of its time at batch 1 on the default LM
     (results/measurements.md).
-    Unrolled: torch's LayerNorm, Linear and ReLU (the MLP, the head) and t2r.py's multi-head softmax and linear
-    attention, self and cross; the embedding and any other attention module (MQAR's convolution, bench.py's floors)
-    run as modules. Build it from the model as it will decode (folded, on its device, in its dtype): it reads the
-    model's weights (W_q, W_k, W_v stacked at each init_state). Its state is the model's, fused: the model's prefill
-    reads a prompt into it. A model that steps its own way (families.py's, the window hybrid's, SRU++) does not fit:
-    `eager_decoder` gives it its own step."""
+    Unrolled: torch's LayerNorm, Linear and ReLU (the MLP, the head), t2r.py's multi-head softmax and linear
+    attention, self and cross, and decay.py's decaying state; the embedding and any other attention module (the short
+    convolution's, the window's, bench.py's floors) run as modules. Build it from the model as it will decode (folded,
+    on its device, in its dtype): it reads the model's weights (W_q, W_k, W_v stacked at each init_state). Its state
+    is the model's, fused: the model's prefill reads a prompt into it. A model that steps its own way (a family's with
+    rotary positions or grouped heads: a Llama's; SRU++) does not fit: `eager_decoder` gives it its own step."""
 
     def __init__(self, model):
         if model.training:
@@ -95,8 +97,9 @@ class FlatStep:
     def fits(model) -> bool:  # whether model steps as t2r.py's models do (its layers' parts may be others')
         if not isinstance(model, TransformerBase):  # SRU++ (sru.py) has no layers of t2r.py's to unroll
             return False
-        steps = [(type(model).step, TransformerBase.step), (type(model).step_layers, TransformerBase.step_layers)]
-        return all(a is b for a, b in steps) and all(type(layer).step is Block.step for layer in model.layers)
+        if isinstance(model, FamilyLM):  # families.py's: t2r.py's step where it has no rotation to pass, so
+            return not model.config.is_grouped() and stepped_as(model, FamilyLM, FamilyBlock)  # no rotary positions
+        return stepped_as(model, TransformerBase, Block)
 
     def init_state(self, batch_or_src):
         """model.init_state (a batch size, or a translator's source (B, S)), fused. It also stacks each attention's
@@ -115,6 +118,11 @@ class FlatStep:
             x = block.step(x, layer_state)
         state["pos"] += 1
         return self.lm_head(self.final_norm(x)), state
+
+
+def stepped_as(model, model_class, block_class) -> bool:  # model's step and its layers' are those classes' own
+    steps = [(type(model).step, model_class.step), (type(model).step_layers, model_class.step_layers)]
+    return all(a is b for a, b in steps) and all(type(layer).step is block_class.step for layer in model.layers)
 
 
 def eager_decoder(model):
@@ -166,13 +174,14 @@ def unrolled_attention(attn: nn.Module, stackers: list):
     """t2r.py's attention step (x (B, h), state) -> (B, h), q, k, v (and linear attention's 1) from one product on the
     weights the function stackers gets stacks; a subclass (a window, a family's heads) or another module runs its own
     step."""
-    if type(attn) not in (SoftmaxAttention, LinearAttention):
+    if type(attn) not in (SoftmaxAttention, LinearAttention, DecayingAttention):
         return attn.step
     H, out, stacked = attn.n_head, unrolled(attn.out_proj), {}
 
     def stack():  # [q | k | v (| 1)] by head, from the weights as they are now
-        stacked["qkv"] = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), H, type(attn) is LinearAttention)
+        stacked["qkv"] = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), H, type(attn) is not SoftmaxAttention)
     stackers.append(stack)
+    decays = type(attn) is DecayingAttention  # decay.py's: [S | z] = g_i [S | z] before Eq. 6
     if type(attn) is SoftmaxAttention:
         def softmax_step(x, state):  # SoftmaxAttention.step
             q, k, v = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split(attn.d_head, -1)
@@ -180,12 +189,14 @@ def unrolled_attention(attn: nn.Module, stackers: list):
         return softmax_step
     w, feature_map = attn.q_proj.out_features // H, attn.feature_map.forward  # w: d, or k once folded
 
-    def linear_step(x, state):  # LinearAttention.step: Eqs. 6-7 on [S | z]
+    def linear_step(x, state):  # LinearAttention.step: Eqs. 6-7 on [S | z] (DecayingAttention.step: decayed first)
         q, k, v1 = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split([w, w, attn.d_head + 1], -1)
         (fq, fk), Sz = feature_map(q, k), state["Sz"]
         if fk.dtype != Sz.dtype:  # bf16 weights or autocast: the state and its sums in float32
             fq, fk, v1 = widened(fq, fk, v1)
         with full_precision(x.device):
+            if decays:  # the gate g_i (B, H, 1, 1) from the key, in the state's precision
+                Sz.mul_(attn.log_gate(k.to(Sz.dtype)).exp()[..., None])
             add_to_state(fk, v1, Sz)  # Eq. 6
             attended = read_state(fq, Sz)  # Eq. 7
         return out(attended.to(x.dtype).flatten(1))

@@ -180,8 +180,8 @@ def test_generate_samples_from_sru_with_its_recurrent_state(sru_runs):
                          "--check", cwd=sru_runs, check=True).stdout
     print(out[-400:])
     assert "SRU++ with attention in 1 of 2 layers" in out and "keys and values in the attention layers" in out
-    assert "sru.py's own step (it steps its own way: the fast step is t2r.py's models'); prompt read in one " \
-           "parallel pass" in out
+    assert "sru.py's own step (it steps its own way: the fast step is for models without rotary positions or " \
+           "grouped heads); prompt read in one parallel pass" in out
     assert_check_passes(out)
 
 

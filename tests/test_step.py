@@ -31,6 +31,9 @@ LM_CASES = {
     "GPT-2's switches": dict(attn="t2r", max_positions=64, activation="gelu_tanh",
                              scale_embedding=False, fold=True),
     "adaptive input and softmax": dict(attn="t2r", adaptive_cutoffs=[20, 40], fold=True),
+    "t2r decaying": dict(attn="t2r", decay=True),
+    "softmax below t2r decaying": dict(attn=["softmax", "t2r"], decay=True),
+    "t2r short conv": dict(attn="t2r", short_conv=3),
 }
 
 
@@ -119,7 +122,7 @@ def test_a_position_tensor_gives_the_same_logits():
 # 1.1e-16) the logits, O(1), of 40 steps through 2 layers differ by rounding alone, ~1e-15 measured; 1e-12 leaves
 # room for that and none for a wrong term (a missing position or weight moves them by 1e-3 and more).
 FAST_TOLERANCE = 1e-12
-FLAT_CASES = [case for case in LM_CASES if case not in ("GPT-2's switches", "t2r window")]  # families.py's models
+FLAT_CASES = list(LM_CASES)  # families.py's models too, where they have no rotary positions or grouped heads
 
 
 def model_step_logits(model, tokens):  # (B, T) -> model.step's logits (B, T, V), from a fresh state
@@ -210,21 +213,31 @@ def test_the_flat_step_calls_no_module_of_t2r_py_but_the_embedding(attn, model_k
     """What makes it faster: of t2r.py's modules only the embedding (and its table) is called; the layers, the
     translator's cross attention and the head are tensor functions on the same weights."""
     model = tiny_lm(attn, fold_it=attn == "t2r") if model_kind == "LM" else tiny_translator(attn)
-    flat, called = FlatStep(fold(model) if attn == "t2r" and model_kind != "LM" else model), []
+    flat = FlatStep(fold(model) if attn == "t2r" and model_kind != "LM" else model)
     state = flat.init_state(1 if model_kind == "LM" else torch.randint(1, 23, (1, 5)))
+    assert modules_called(flat, state) == ["Embedding", "Embedding"]  # layers/embedding.py's, and its nn.Embedding
+
+
+def test_the_flat_step_of_a_decaying_state_calls_no_module_but_the_embedding():
+    flat = FlatStep(tiny_lm(decay=True))  # a family's model (decay.py's DecayingLM) without rotary positions
+    assert modules_called(flat, flat.init_state(1)) == ["Embedding", "FamilyEmbedding"]
+
+
+def modules_called(flat, state) -> list:  # the type names of the modules one step calls
+    called = []
     hook = torch.nn.modules.module.register_module_forward_hook(lambda module, *_: called.append(type(module).__name__))
     try:
         flat.step(torch.zeros(1, dtype=torch.long), state)
     finally:
         hook.remove()
-    assert sorted(called) == ["Embedding", "Embedding"]  # layers/embedding.py's, and its nn.Embedding table
+    return sorted(called)
 
 
-@pytest.mark.parametrize("switches", [dict(max_positions=64, activation="gelu_tanh", scale_embedding=False),
-                                      dict(norm="rmsnorm", ffn="swiglu", n_kv_head=1, rope_theta=10_000.0),
-                                      dict(window=3)])
-def test_a_family_model_decodes_with_its_own_step(switches):  # they step their own way (families.py)
-    model = tiny_lm(**switches)
+@pytest.mark.parametrize("switches", [dict(norm="rmsnorm", ffn="swiglu", n_kv_head=1, rope_theta=10_000.0),
+                                      dict(rope_theta=10_000.0), dict(n_kv_head=1), dict(rope_theta=10_000.0, decay=True),
+                                      dict(rope_theta=10_000.0, window=3)])
+def test_a_family_model_with_rotary_positions_or_grouped_heads_decodes_with_its_own_step(switches):
+    model = tiny_lm(**switches)  # its step passes each layer the position's rotation (families.py)
     assert eager_decoder(model) is model
     with pytest.raises(ValueError, match="steps its own way"):
         FlatStep(model)
