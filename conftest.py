@@ -244,13 +244,13 @@ def write_parallel(folder, seed=0, n=(400, 30, 30)):
     return folder
 
 
-def tiny_translator(kind, seed=0, dtype=torch.float64, window=0):
-    """A random 2+2-layer translator with peaky, varied predictions (so decoding choices matter); window=W: its causal
-    self-attention the sliding-window hybrid."""
+def tiny_translator(kind, seed=0, dtype=torch.float64, **switches):
+    """A random 2+2-layer translator with peaky, varied predictions (so decoding choices matter); switches: its causal
+    self-attention's (window=W: the sliding-window hybrid; decay=True: decay.py's state)."""
     torch.manual_seed(seed)
     config = config_of(dict(vocab_size=23, n_layer=2, n_encoder_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0,
                             attn=kind, cross_attn=kind, feature_size=4, cross_feature_size=6, chunk_size=4, pad_id=0,
-                            window=window))
+                            **switches))
     model = build_model(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
