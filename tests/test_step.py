@@ -316,12 +316,12 @@ def test_decoding_turns_cudnn_attention_off_and_importing_t2r_does_not():
     assert out.stdout.split() == ["True", "False", "True", "True"], out.stderr
 
 
-@pytest.mark.parametrize("attn, window, recordable", [("t2r", 0, True), ("elu", 0, True), ("softmax", 0, False),
-                                                       ("t2r", 3, False)])
-def test_what_a_cuda_graph_may_record(monkeypatch, attn, window, recordable):
+@pytest.mark.parametrize("attn, switches, recordable", [("t2r", {}, True), ("elu", {}, True), ("softmax", {}, False),
+                                                         ("t2r", dict(window=3), False), ("t2r", dict(decay=True), True)])
+def test_what_a_cuda_graph_may_record(monkeypatch, attn, switches, recordable):
     """Only a constant-size state without a window can be recorded: the check CapturedStep runs after its device's
     (here the device check is passed by pretending the model is on CUDA)."""
-    model = tiny_lm(attn=attn, window=window, fold_it=attn == "t2r" and not window)
+    model = tiny_lm(attn=attn, fold_it=attn == "t2r" and not switches, **switches)
     monkeypatch.setattr(type(next(model.parameters())), "device", property(lambda self: torch.device("cuda")))
     if recordable:
         assert CapturedStep(model, 16).length == 16
@@ -364,13 +364,15 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 @cuda
-def test_cuda_graph_replays_the_eager_step():
-    model = tiny_lm(fold_it=True, dtype=torch.float32).cuda()
+@pytest.mark.parametrize("case", ["t2r folded", "t2r decaying", "GPT-2's switches"])
+def test_cuda_graph_replays_the_eager_step(case):
+    switches = dict(LM_CASES[case])
+    model = tiny_lm(fold_it=switches.pop("fold", False), dtype=torch.float32, **switches).cuda()
     tokens = torch.randint(0, 60, (4, 50), device="cuda")
     captured = CapturedStep(model, 50)
     for _ in range(2):  # a second init_state starts again from position 0
         diff, _ = step_against(parallel(model, tokens), captured, tokens)
-        assert report("CUDA graph - parallel form", diff) < 1e-5
+        assert report(f"{case}: CUDA graph - parallel form", diff) < 1e-5
     with pytest.raises(ValueError, match="positions end at 50"):
         captured.step(tokens[:, 0], captured.state)
 
