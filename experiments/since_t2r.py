@@ -653,6 +653,12 @@ def mt_lines(rows: list) -> list:
                   f"({control['value']:.2f}): the best, {best['recipe']}, {best['value']:.2f}: "
                   f"{translates_near_control(best['value'], control['value'])} (rule since-mt-near-control, "
                   f"{when(BY_ID['since-mt-near-control'])})"]
+    chosen = next((r for r in mt if r["recipe"] == "t2r+chosen1"), None)
+    if chosen:  # told, not judged: no rule was set for the translator's ranking
+        kept = read_json(os.path.join(ROOT, chosen["runs"], "softmax_layers.json"))["kept"]
+        lines.append(f"- the layer kept softmax, chosen by data: the ranking kept decoder layer "
+                     f"{', '.join(map(str, kept))} of {MT_SIZES['full']['model']['n_layer']} (0 the bottom); not "
+                     "judged: no rule compares it with another placement")
     return lines
 
 
