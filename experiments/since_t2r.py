@@ -544,10 +544,11 @@ def summary_lines(rows: list) -> list:
             continue
         best = (min if task in ("ptb", "hf-llama") else max)(linear, key=lambda r: r["value"])  # ppl: lower
         seeds = lambda r: f"{r['seeds']} seed{'s' if r['seeds'] > 1 else ''}"
-        others = ", ".join(f"{label} {mine[recipe]['value']:g} ({seeds(mine[recipe])})" for label, recipe in
+        value = lambda r: f"{r['value']:.4f}" if task.startswith("mqar") else f"{r['value']:.2f}"  # as the tables
+        others = ", ".join(f"{label} {value(mine[recipe])} ({seeds(mine[recipe])})" for label, recipe in
                            (("T2R", "t2r"), ("the teacher", "teacher"), ("the softmax control", "softmax control"))
                            if recipe in mine)
-        lines.append(f"- {name}): the best all-linear conversion, {best['recipe']}, {best['value']:g} "
+        lines.append(f"- {name}): the best all-linear conversion, {best['recipe']}, {value(best)} "
                      f"({seeds(best)}); {others}.")
     return lines
 
@@ -558,7 +559,7 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
     lines = ["# Since T2R: a decaying state, a short convolution, distillation, softmax layers chosen by data", "",
              "Built by `python -m experiments.since_t2r --stage results` from results/since_t2r.csv, which it writes "
              "from the runs' records (results/runs/since_t2r, results/runs/lm); the runs: "
-             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mqar`, `--stage hf`, `--stage decode`. What "
+             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mt`, `--stage mqar`, `--stage hf`, `--stage decode`. What "
              "each part is: decay.py, after_t2r.py (ConvInput), support/distill.py, support/choose_layers.py.", "",
              "In short (the README quotes these lines):", "", *summary_lines(rows), ""]
     ptb = [r for r in rows if r["task"] == "ptb"]
