@@ -18,9 +18,9 @@ the decoding speed after it are printed apart. The recurrent step is t2r.py's (`
 --step model runs it as written), run fast by default (support/fast_step.py's FlatStep: its layers without module
 calls, S and z fused as [S | z]; the same logits within rounding); on CUDA it is recorded once as a CUDA graph and
 replayed at every token. Models that step their own way (a family's with rotary positions or grouped heads, SRU++) run
-their own step, and the first line printed says so. T2R checkpoints are folded first (Eq. 8): the feature map is merged into W_q, W_k.
-SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per layer, plus the keys and
-values of their attention layers.
+their own step, and the first line printed says so. T2R checkpoints are folded first (Eq. 8): the feature map is
+merged into W_q, W_k. SRU++ checkpoints (`train_lm.py --arch sru++`) generate the same way: their state is c per
+layer, plus the keys and values of their attention layers.
 """
 
 import time

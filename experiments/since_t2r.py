@@ -559,8 +559,9 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
     lines = ["# Since T2R: a decaying state, a short convolution, distillation, softmax layers chosen by data", "",
              "Built by `python -m experiments.since_t2r --stage results` from results/since_t2r.csv, which it writes "
              "from the runs' records (results/runs/since_t2r, results/runs/lm); the runs: "
-             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mt`, `--stage mqar`, `--stage hf`, `--stage decode`. What "
-             "each part is: decay.py, after_t2r.py (ConvInput), support/distill.py, support/choose_layers.py.", "",
+             "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mt`, `--stage mqar`, `--stage hf`, "
+             "`--stage decode`. What each part is: decay.py, after_t2r.py (ConvInput), support/distill.py, "
+             "support/choose_layers.py.", "",
              "In short (the README quotes these lines):", "", *summary_lines(rows), ""]
     ptb = [r for r in rows if r["task"] == "ptb"]
     folders = [os.path.join(ROOT, f) for r in ptb for f in r["runs"].split()]

@@ -17,9 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
 from decay import DecayingAttention
 from families import FamilyBlock, FamilyLM
+from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
 from t2r import Block, LinearAttention, SoftmaxAttention, TransformerBase, normalize
 
 

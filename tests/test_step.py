@@ -236,8 +236,8 @@ def modules_called(flat, state) -> list:  # the type names of the modules one st
 
 
 @pytest.mark.parametrize("switches", [dict(norm="rmsnorm", ffn="swiglu", n_kv_head=1, rope_theta=10_000.0),
-                                      dict(rope_theta=10_000.0), dict(n_kv_head=1), dict(rope_theta=10_000.0, decay=True),
-                                      dict(rope_theta=10_000.0, window=3)])
+                                      dict(rope_theta=10_000.0), dict(n_kv_head=1),
+                                      dict(rope_theta=10_000.0, decay=True), dict(rope_theta=10_000.0, window=3)])
 def test_a_family_model_with_rotary_positions_or_grouped_heads_decodes_with_its_own_step(switches):
     model = tiny_lm(**switches)  # its step passes each layer the position's rotation (families.py)
     assert eager_decoder(model) is model
@@ -319,7 +319,8 @@ def test_decoding_turns_cudnn_attention_off_and_importing_t2r_does_not():
 
 
 @pytest.mark.parametrize("attn, switches, recordable", [("t2r", {}, True), ("elu", {}, True), ("softmax", {}, False),
-                                                         ("t2r", dict(window=3), False), ("t2r", dict(decay=True), True)])
+                                                         ("t2r", dict(window=3), False),
+                                                         ("t2r", dict(decay=True), True)])
 def test_what_a_cuda_graph_may_record(monkeypatch, attn, switches, recordable):
     """Only a constant-size state without a window can be recorded: the check CapturedStep runs after its device's
     (here the device check is passed by pretending the model is on CUDA)."""
