@@ -40,7 +40,8 @@ from support.configs import config_of, is_sru
 from support.fla_kernel import fla_available
 from support.fast_step import eager_decoder
 from support.runtime import UserError, decoding_kernels, run_main
-from t2r import Config, prefill_by_steps
+from support.inference import prefill_by_steps
+from t2r import Config
 from translate import decode_speed, load_run
 
 

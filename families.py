@@ -19,11 +19,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.embedding import Embedding
-from layers.states import append_to_cache, full_precision, state_dtype, widened
+from layers.states import append_to_cache, causal_after, full_precision, prefill_piece, state_dtype, widened
 from layers.states import add_to_state, read_sums, stacked_by_head  # the grouped step's: the fused [S | z] (below)
 from t2r import (PREFILL_CHUNK, Attention, Block, Config, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention,
-                 TransformerBase, TransformerLM, causal_after, linear_attention_chunked_sums, linear_attention_noncausal,
-                 normalize, prefill_piece, softmax_attention, source_state)
+                 TransformerBase, TransformerLM, linear_attention_chunked_sums, linear_attention_noncausal, normalize,
+                 softmax_attention, source_state)
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu_tanh": partial(nn.GELU, approximate="tanh")}  # of the feed-forward layer
 SWITCHES = {"norm": ("layernorm", "rmsnorm"), "ffn": ("mlp", "swiglu"), "bias": ("all", "none", "qkv"),

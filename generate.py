@@ -33,12 +33,12 @@ from sru import SRUppLM
 from support import data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.fast_step import CapturedStep, FlatStep, compile_step, eager_decoder
-from support.inference import inference_model
+from support.inference import inference_model, is_folded, prefill_by_steps
 from support.run_files import check_identity
 from support.runtime import (Parser, UserError, check_fits, decoding_kernels, device_name, get_device,
                              non_negative_float, non_negative_int, positive_int, run_main, seed)
 from layers.states import state_bytes
-from t2r import PREFILL_CHUNK, TransformerBase, is_folded, prefill_by_steps
+from t2r import PREFILL_CHUNK, TransformerBase
 
 
 # -----------------------------------------------------------------------------

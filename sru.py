@@ -18,8 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers.states import append_to_cache, full_precision, state_dtype  # as t2r.py's: a KV cache, float32 sums
-from t2r import causal_after
+from layers.states import append_to_cache, causal_after, full_precision, state_dtype  # as t2r.py's: a KV cache
 
 
 @dataclass

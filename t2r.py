@@ -27,13 +27,13 @@ import torch.nn.functional as F
 
 from layers.adaptive import AdaptiveSoftmax, check_bands
 from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
-from layers.states import append_to_cache, full_precision, state_dtype, widened  # a KV cache's growth; float32
+from layers.states import (append_to_cache, causal_after, full_precision, prefill_piece,  # a KV cache's growth
+                           state_dtype, widened)  # float32 sums
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 # The one epsilon rule of every linear form: ReLU features can all be zero, and so the normaliser phi(q).z of Eq. 7
 EPS = 1e-6
 PREFILL_CHUNK = 2048  # positions a prefill reads in one parallel pass (a longer prompt goes in pieces of this size)
-
 
 
 @dataclass
@@ -231,13 +231,6 @@ def linear_attention_prefill(fq, fk, v, S, z, chunk_size: int):  # fq, fk (B, H,
     return normalize(numerator, denominator)
 
 
-def prefill_piece(config, length: int, chunk: int) -> int:
-    """The positions a prefill reads at once: `chunk`, where a state of fixed size holds the past; the whole prompt
-    where a softmax layer keeps a KV cache of every position anyway (SDPA's fused causal kernel, faster than a masked
-    piece after cached positions, whose scores would be chunk x length)."""
-    return max(chunk, length) if "softmax" in config.layer_kinds() else chunk
-
-
 # -----------------------------------------------------------------------------
 # Multi-head attention modules. Precision, stated once, at their boundary: the linear forms sum thousands of positions
 # into S and z, in float32 (float64 for a float64 model) even under autocast, whose bf16 keeps 8 significant bits.
@@ -261,6 +254,9 @@ class Attention(nn.Module):
 
     def merge(self, out):  # (B, H, T, d) -> (B, T, h)
         return self.out_proj(out.transpose(1, 2).flatten(2))
+
+    def step_cross(self, x, state):  # x (B, h) -> (B, h): a cross attention's step is its prefill of one query
+        return self.prefill_cross(x[:, None], state)[:, 0]
 
 
 class SoftmaxAttention(Attention):
@@ -289,20 +285,9 @@ class SoftmaxAttention(Attention):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
         return {"k": k, "v": v, "mask": key_mask[:, None, None, :]}
 
-    def step_cross(self, x, state):  # x (B, h) -> (B, h)
-        return self.prefill_cross(x[:, None], state)[:, 0]
-
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's keys and values
         q = self.heads(self.q_proj(x))
         return self.merge(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]))
-
-
-def causal_after(before: int, T: int, device) -> dict:
-    """SDPA's mask for T queries after `before` cached positions: query i sees keys j <= before + i (with nothing
-    before, the fused causal kernel's own)."""
-    if not before:
-        return {"is_causal": True}
-    return {"attn_mask": torch.ones(T, before + T, dtype=torch.bool, device=device).tril(before)}
 
 
 def softmax_attention(q, k, v, causal: bool, key_mask=None):
@@ -367,9 +352,6 @@ class LinearAttention(Attention):
         with full_precision(source.device):
             S, z = source_state(*widened(fk, self.heads(self.v_proj(source))), key_mask)
         return {"S": S, "z": z}  # (B, H, k, d), (B, H, k)
-
-    def step_cross(self, x, state):  # x (B, h) -> (B, h)
-        return self.prefill_cross(x[:, None], state)[:, 0]
 
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's S and z
         (fq,) = self.feature_map(self.heads(self.q_proj(x)))
@@ -490,17 +472,15 @@ class TransformerBase(nn.Module):
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
         with torch.no_grad():
-            x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
-            for layer, layer_state in zip(self.layers, state["layers"]):
-                x = layer.step(x, layer_state)  # each layer's recurrent form: Eqs. 6-7 in a linear one
+            logits = self.step_layers(self.embed(tokens[:, None], start=state["pos"])[:, 0], state["layers"])
             state["pos"] += 1
-            return self.output(x), state
+            return logits, state
 
     def step_layers(self, x, layer_states):
-        """x (B, h) of one position through every layer's recurrent form and the head: step's loop, as
-        support/fast_step.py's compile_step compiles it (the embedding and the position outside)."""
+        """x (B, h) of one position through every layer's recurrent form and the head (support/fast_step.py's
+        compile_step compiles this, the embedding and the position outside)."""
         for layer, layer_state in zip(self.layers, layer_states):
-            x = layer.step(x, layer_state)
+            x = layer.step(x, layer_state)  # each layer's recurrent form: Eqs. 6-7 in a linear one
         return self.output(x)
 
     @torch.no_grad()
@@ -567,14 +547,6 @@ class Seq2SeqTransformer(TransformerBase):
         return {"pos": 0, "layers": [{"self": layer.self_attn.init_state(src.shape[0], p.device, p.dtype),
                                       "cross": layer.cross_attn.init_cross_state(memory, key_mask)}
                                      for layer in self.layers]}
-
-
-def prefill_by_steps(model, tokens, state, chunk: int = 0):
-    """The reference prefill: each of tokens (B, T) through model.step (chunk: unused, a step holds one position).
-    Also the prefill of the models beside the paper's whose layers have no parallel one yet (prefill = this)."""
-    for t in range(tokens.shape[1]):
-        logits, state = model.step(tokens[:, t], state)
-    return logits, state
 
 
 # -----------------------------------------------------------------------------
@@ -667,7 +639,3 @@ def fold(model: TransformerBase) -> TransformerBase:
         if isinstance(module, LinearAttention) and module.kind == "t2r":
             module.fold()  # fold_feature_map, or a subclass's own (a window layer's: none)
     return folded
-
-
-def is_folded(model: nn.Module) -> bool:
-    return any(isinstance(m, FoldedT2RFeatureMap) for m in model.modules())

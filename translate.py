@@ -27,12 +27,11 @@ from support import mt_data
 from support.checkpoints import load_checkpoint, model_from_checkpoint
 from support.corpora import text_lines
 from support.fast_step import compile_step, eager_decoder
-from support.inference import inference_model
+from support.inference import inference_model, prefill_by_steps
 from support.mt_data import BOS_ID, EOS_ID, PAD_ID
 from support.runtime import (Parser, UserError, atomic_write, check_fits, decoding_kernels, device_name, finite_float,
                              get_device, length_factor, length_term, positive_int, resolve_device,
                              run_main)
-from t2r import prefill_by_steps
 
 
 # -----------------------------------------------------------------------------

@@ -47,6 +47,21 @@ def append_to_cache(state, k, v):
     return keys, values
 
 
+def causal_after(before: int, T: int, device) -> dict:
+    """SDPA's mask for T queries after `before` cached positions: query i sees keys j <= before + i (with nothing
+    before, the fused causal kernel's own)."""
+    if not before:
+        return {"is_causal": True}
+    return {"attn_mask": torch.ones(T, before + T, dtype=torch.bool, device=device).tril(before)}
+
+
+def prefill_piece(config, length: int, chunk: int) -> int:
+    """The positions a prefill reads at once: `chunk`, where a state of fixed size holds the past; the whole prompt
+    where a softmax layer keeps a KV cache of every position anyway (SDPA's fused causal kernel, faster than a masked
+    piece after cached positions, whose scores would be chunk x length)."""
+    return max(chunk, length) if "softmax" in config.layer_kinds() else chunk
+
+
 def state_bytes(state) -> int:
     """Bytes held by the tensors of a recurrent state (a KV cache counts its allocated capacity); a view of another of
     its tensors holds none of its own (support/fast_step.py's S and z, views of its [S | z])."""

@@ -19,7 +19,8 @@ from conftest import LLAMA_FAMILY, assert_check_passes, report, run_in_process, 
 from decay import GATE_START, DecayingAttention, decay_student  # noqa: E402
 from support import hf  # noqa: E402
 from support.configs import build_model  # noqa: E402
-from t2r import convert, new_tensors, prefill_by_steps  # noqa: E402
+from support.inference import prefill_by_steps  # noqa: E402
+from t2r import convert, new_tensors  # noqa: E402
 from test_prefill import largest_difference  # noqa: E402
 
 FAMILIES = ["gpt2", *LLAMA_FAMILY]  # gpt2: learned positions, H key/value heads; the rest rotary, grouped

@@ -18,6 +18,7 @@ from after_t2r import WindowConfig, convert_to_window
 from families import FamilyConfig
 from support.configs import build_model
 from layers.states import state_bytes
+from support.inference import is_folded
 from t2r import Config, Seq2SeqTransformer, TransformerLM, convert, fold
 
 LLAMA = dict(norm="rmsnorm", ffn="swiglu", bias="none", n_kv_head=2, rope_theta=10_000.0, scale_embedding=False)
@@ -139,13 +140,13 @@ def test_a_grouped_query_state_holds_the_key_value_heads(kind):
 def test_fold_merges_a_grouped_feature_map_into_every_query_head():
     model, tokens = model_of("t2r", SWITCHES["gqa"]), torch.randint(0, 50, (2, 9))
     folded = fold(model)
-    assert t2r.is_folded(folded) and (folded(tokens) - model(tokens)).abs().max() < 1e-12
+    assert is_folded(folded) and (folded(tokens) - model(tokens)).abs().max() < 1e-12
 
 
 def test_with_rotary_positions_nothing_folds():
     model, tokens = model_of("t2r", SWITCHES["rope"]), torch.randint(0, 50, (2, 9))
     folded = fold(model)
-    assert not t2r.is_folded(folded) and torch.equal(folded(tokens), model(tokens))
+    assert not is_folded(folded) and torch.equal(folded(tokens), model(tokens))
 
 
 @pytest.mark.parametrize("switches, message", [

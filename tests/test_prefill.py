@@ -15,7 +15,8 @@ from after_t2r import ConvConfig, ConvLM
 from conftest import report, tiny_translator
 from support.configs import build_model, config_of
 from sru import SRUConfig, SRUppLM
-from t2r import fold, prefill_by_steps
+from support.inference import prefill_by_steps
+from t2r import fold
 
 # float64 sums of up to 30 products of O(1) numbers, in another order than the steps' (chunks, one matrix product for
 # the state): both are within a few ulps (1e-16) of the exact sums, 1e-10 leaves room for the layers that follow
@@ -123,7 +124,7 @@ def test_a_long_prompt_in_pieces_equals_it_at_once(case, chunk):
 def test_a_model_with_a_kv_cache_reads_the_prompt_at_once(kinds, piece):
     """Pieces bound the memory of a state of fixed size; a softmax layer's cache holds every position anyway, and its
     fused causal kernel is faster than a masked piece after cached positions."""
-    from t2r import prefill_piece
+    from layers.states import prefill_piece
     assert prefill_piece(tiny_lm(attn=kinds).config, 23, 8) == piece
 
 

@@ -13,6 +13,7 @@ import after_t2r
 import t2r
 from conftest import lm_config, make, mt_config, report, step_all
 from layers.states import state_bytes
+from support.inference import is_folded
 from t2r import Seq2SeqTransformer, TransformerLM
 
 
@@ -128,7 +129,7 @@ def test_fold_leaves_window_layers_as_they_are():
     model = make(TransformerLM, lm_config("t2r", window=3))
     folded, original = t2r.fold(model).state_dict(), model.state_dict()
     assert folded.keys() == original.keys() and all(torch.equal(folded[k], original[k]) for k in original)
-    assert not t2r.is_folded(t2r.fold(model)) and t2r.is_folded(t2r.fold(make(TransformerLM, lm_config("t2r"))))
+    assert not is_folded(t2r.fold(model)) and is_folded(t2r.fold(make(TransformerLM, lm_config("t2r"))))
 
 
 def test_state_size_is_constant_in_length():
