@@ -25,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers.adaptive import AdaptiveSoftmax, check_bands
+from layers.adaptive import AdaptiveSoftmax
+from layers.config_rules import check_config
 from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
 from layers.states import (append_to_cache, causal_after, full_precision, prefill_piece,  # a KV cache's growth
                            state_dtype, widened)  # float32 sums
@@ -57,24 +58,10 @@ class Config:
     adaptive_cutoffs: list = field(default_factory=list)  # adaptive input, softmax: bands [0, c1), [c1, c2), ...
     adaptive_factor: int = 4        # band i embeds in d_model / factor^i dimensions
 
-    def __post_init__(self):  # one-line errors for what cannot be built
-        least = dict(vocab_size=1, n_layer=1, n_head=1, d_model=1, d_ff=1, n_encoder_layer=0, chunk_size=0,
-                     feature_size=1, cross_feature_size=1, adaptive_factor=1)
-        wrong = [f for f, n in least.items() if not isinstance(getattr(self, f), int) or getattr(self, f) < n]
-        if wrong:
-            raise ValueError(f"{wrong[0]}={getattr(self, wrong[0])!r} must be an integer >= {least[wrong[0]]}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
+    def __post_init__(self):  # one-line errors for what cannot be built (layers/config_rules.py)
         self.attn = list(self.attn) if isinstance(self.attn, (list, tuple)) else self.attn
-        if isinstance(self.attn, list) and len(self.attn) != self.n_layer:
-            raise ValueError(f"attn lists {len(self.attn)} kinds for n_layer={self.n_layer} layers")
-        for kind, name in [(k, "feature_size") for k in self.layer_kinds()] + [(self.cross_attn, "cross_feature_size")]:
-            if kind not in ATTENTION_KINDS:
-                raise ValueError(f"unknown attention kind {kind!r}: choose one of {', '.join(ATTENTION_KINDS)}")
-            if kind == "rfa" and getattr(self, name) % 2:
-                raise ValueError(f"rfa uses sin and cos features: {name} must be even")
         self.adaptive_cutoffs = list(self.adaptive_cutoffs)
-        check_bands(self)  # the adaptive input's and softmax's own rules
+        check_config(self, ATTENTION_KINDS)
 
     def layer_kinds(self) -> list:  # the causal self-attention kind of each decoder layer, bottom to top
         return list(self.attn) if isinstance(self.attn, list) else [self.attn] * self.n_layer
@@ -276,10 +263,8 @@ class SoftmaxAttention(Attention):
         return self.merge(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)))[:, 0]
 
     def prefill(self, x, state):  # x (B, T, h): the prompt's keys and values join the cache at once -> (B, T, h)
-        q, k, v = self.project(x, x)
-        before, T = state["length"], x.shape[1]
-        keys, values = append_to_cache(state, k, v)  # (B, H, before + T, d)
-        return self.merge(F.scaled_dot_product_attention(q, keys, values, **causal_after(before, T, x.device)))
+        (q, k, v), mask = self.project(x, x), causal_after(state["length"], x.shape[1], x.device)  # after the cache's
+        return self.merge(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v), **mask))
 
     def init_cross_state(self, source, key_mask):
         k, v = self.heads(self.k_proj(source)), self.heads(self.v_proj(source))
@@ -354,9 +339,8 @@ class LinearAttention(Attention):
         return {"S": S, "z": z}  # (B, H, k, d), (B, H, k)
 
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's S and z
-        (fq,) = self.feature_map(self.heads(self.q_proj(x)))
+        (fq,) = widened(*self.feature_map(self.heads(self.q_proj(x))))
         with full_precision(x.device):
-            (fq,) = widened(fq)
             out = normalize(fq @ state["S"], (fq * state["z"][:, :, None, :]).sum(-1))  # Eq. 7, every query at once
         return self.merge(out.to(x.dtype))
 
@@ -384,14 +368,9 @@ class Block(nn.Module):
         self.norm2 = parts.make_norm()
         self.drop = nn.Dropout(config.dropout)
 
-    def residual(self, x, norm, sublayer):  # dropout in training only: at batch 1 a module call costs
-        drop = self.drop if self.training else (lambda y: y)
-        return self.added(x, drop(sublayer(self.normed(x, norm))), norm)
-
-    def normed(self, x, norm):  # a sublayer's input: normed first (pre-norm), or as it is (post-norm)
-        return norm(x) if self.pre_norm else x
-
-    def added(self, x, out, norm):  # the residual sum, normed after it in post-norm
+    def residual(self, x, norm, sublayer):  # pre-norm: x + f(norm(x)); post-norm: norm(x + f(x))
+        out = sublayer(norm(x) if self.pre_norm else x)
+        out = self.drop(out) if self.training else out  # dropout in training only: at batch 1 a module call costs
         return x + out if self.pre_norm else norm(x + out)
 
     def forward(self, x, self_mask=None, source=None, source_mask=None):
@@ -403,10 +382,9 @@ class Block(nn.Module):
 
     def step(self, x, state):
         """x: (B, h), one position. The same computation as forward (in eval mode), with the recurrent attention."""
-        x = self.added(x, self.self_attn.step(self.normed(x, self.norm1), state["self"]), self.norm1)
+        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
         if self.cross_attn is not None:
-            out = self.cross_attn.step_cross(self.normed(x, self.norm_cross), state["cross"])
-            x = self.added(x, out, self.norm_cross)
+            x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
         return self.residual(x, self.norm2, self.ffn)
 
     def prefill(self, x, state):
@@ -466,28 +444,25 @@ class TransformerBase(nn.Module):
     def output(self, x):
         return self.lm_head(self.final_norm(x))
 
+    @torch.no_grad()
     def step(self, tokens, state):
-        """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V);
-        updates the state in place and returns it. Generation's form: dropout would apply in training mode."""
+        """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V); the
+        state moves on in place. Generation's form: dropout would apply in training mode."""
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
-        with torch.no_grad():
-            logits = self.step_layers(self.embed(tokens[:, None], start=state["pos"])[:, 0], state["layers"])
-            state["pos"] += 1
-            return logits, state
+        logits = self.step_layers(self.embed(tokens[:, None], start=state["pos"])[:, 0], state["layers"])
+        state["pos"] += 1
+        return logits, state
 
-    def step_layers(self, x, layer_states):
-        """x (B, h) of one position through every layer's recurrent form and the head (support/fast_step.py's
-        compile_step compiles this, the embedding and the position outside)."""
+    def step_layers(self, x, layer_states):  # x (B, h), one position, through the layers and the head (fast_step.py)
         for layer, layer_state in zip(self.layers, layer_states):
             x = layer.step(x, layer_state)  # each layer's recurrent form: Eqs. 6-7 in a linear one
         return self.output(x)
 
     @torch.no_grad()
     def prefill(self, tokens, state, chunk: int = PREFILL_CHUNK):
-        """tokens (B, T) from position state['pos'] -> the logits (B, V) of the last one; the state moves past them, in
-        place. What T calls of step give, a parallel pass a chunk of `chunk` positions: memory stays bounded at any T
-        (but a KV cache's, which holds every position), and no logits are made for the positions before the last."""
+        """tokens (B, T) from position state['pos'] -> the last one's logits (B, V), the state moved past them in place:
+        what T steps give, in parallel passes of `chunk` positions (memory bounded at any T but a KV cache's)."""
         if self.training:
             raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
         size = prefill_piece(self.config, tokens.shape[1], chunk)
@@ -556,11 +531,9 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
             cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None, keep_softmax_layers=(),
             **changes) -> TransformerBase:
     """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
-    feature maps. A translator's encoder stays; its decoder's causal k defaults to 4, cross k to 32, an LM's k to 32
-    (section 3.2). Finetune the result. changes: other fields of the student's config (the finetuning's dropout).
-    build(config) makes the student, of the teacher's class if None: the seam for what came after T2R (after_t2r.py).
-    keep_softmax_layers: layers (0 the bottom one) kept softmax besides keep_softmax_every's: the seam for layers
-    chosen otherwise (support/choose_layers.py ranks them by data)."""
+    feature maps; finetune the result. Causal k defaults to 4 in a translator (whose encoder stays), 32 in an LM; cross
+    k to 32 (section 3.2). changes: other fields of the student's config. The seams for what came after T2R: build
+    (config -> student; after_t2r.py, decay.py) and keep_softmax_layers (0 the bottom; support/choose_layers.py)."""
     config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
@@ -580,8 +553,7 @@ def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None 
 
 
 def new_tensors(model: nn.Module) -> set:
-    """The names of what a conversion adds: each module that adds tensors names them (its new_tensors()): the feature
-    maps here, and what the models beside the paper's add (after_t2r.py)."""
+    """The names of what a conversion adds, as each module names its own (new_tensors()): here the feature maps."""
     return {f"{name}.{new}" for name, m in model.named_modules() if hasattr(m, "new_tensors")
             for new in m.new_tensors()}
 
