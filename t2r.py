@@ -368,9 +368,14 @@ class Block(nn.Module):
         self.norm2 = parts.make_norm()
         self.drop = nn.Dropout(config.dropout)
 
-    def residual(self, x, norm, sublayer):  # pre-norm: x + f(norm(x)); post-norm: norm(x + f(x))
-        out = sublayer(norm(x) if self.pre_norm else x)
-        out = self.drop(out) if self.training else out  # dropout in training only: at batch 1 a module call costs
+    def residual(self, x, norm, sublayer):  # dropout in training only: at batch 1 a module call costs
+        drop = self.drop if self.training else (lambda y: y)
+        return self.added(x, drop(sublayer(self.normed(x, norm))), norm)
+
+    def normed(self, x, norm):  # a sublayer's input: normed first (pre-norm), or as it is (post-norm)
+        return norm(x) if self.pre_norm else x
+
+    def added(self, x, out, norm):  # the residual sum, normed after it in post-norm
         return x + out if self.pre_norm else norm(x + out)
 
     def forward(self, x, self_mask=None, source=None, source_mask=None):
@@ -382,9 +387,10 @@ class Block(nn.Module):
 
     def step(self, x, state):
         """x: (B, h), one position. The same computation as forward (in eval mode), with the recurrent attention."""
-        x = self.residual(x, self.norm1, lambda y: self.self_attn.step(y, state["self"]))
+        x = self.added(x, self.self_attn.step(self.normed(x, self.norm1), state["self"]), self.norm1)
         if self.cross_attn is not None:
-            x = self.residual(x, self.norm_cross, lambda y: self.cross_attn.step_cross(y, state["cross"]))
+            out = self.cross_attn.step_cross(self.normed(x, self.norm_cross), state["cross"])
+            x = self.added(x, out, self.norm_cross)
         return self.residual(x, self.norm2, self.ffn)
 
     def prefill(self, x, state):
@@ -444,19 +450,21 @@ class TransformerBase(nn.Module):
     def output(self, x):
         return self.lm_head(self.final_norm(x))
 
-    @torch.no_grad()
     def step(self, tokens, state):
         """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V); the
         state moves on in place. Generation's form: dropout would apply in training mode."""
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
-        logits = self.step_layers(self.embed(tokens[:, None], start=state["pos"])[:, 0], state["layers"])
-        state["pos"] += 1
-        return logits, state
+        with torch.no_grad():  # a reader follows main -> generate -> this -> a layer's step -> Eq. 6 (tests)
+            x = self.embed(tokens[:, None], start=state["pos"])[:, 0]
+            for layer, layer_state in zip(self.layers, state["layers"]):
+                x = layer.step(x, layer_state)  # each layer's recurrent form: Eqs. 6-7 in a linear one
+            state["pos"] += 1
+            return self.output(x), state
 
-    def step_layers(self, x, layer_states):  # x (B, h), one position, through the layers and the head (fast_step.py)
+    def step_layers(self, x, layer_states):  # step's loop and head, as support/fast_step.py's compile_step compiles it
         for layer, layer_state in zip(self.layers, layer_states):
-            x = layer.step(x, layer_state)  # each layer's recurrent form: Eqs. 6-7 in a linear one
+            x = layer.step(x, layer_state)
         return self.output(x)
 
     @torch.no_grad()
