@@ -182,6 +182,16 @@ def test_a_bad_only_pattern_is_one_line_before_any_work(tmp_path):
     assert_one_line_error(result, "--only: '(' is not a regular expression")
 
 
+def test_the_translator_plan_runs_each_recipes_seeds_once_its_first_in_the_folder_it_always_had(tmp_path):
+    runs = since_t2r.mt_runs(str(tmp_path / "since"), MT_SIZES["full"])[1:]
+    pairs = sorted((run.row["recipe"], run.row["seed"]) for run in runs)
+    assert pairs == sorted((recipe, seed) for recipe in since_t2r.RECIPES
+                           for seed in since_t2r.MT_SEEDS.get(recipe, (since_t2r.MT_SEED,)))
+    assert all(run.flags["seed"] == run.row["seed"] for run in runs) and len({r.out_dir for r in runs}) == len(runs)
+    firsts = [run for run in runs if run.row["seed"] == since_t2r.MT_SEED]
+    assert [run.name for run in firsts] == [since_t2r.FOLDERS[recipe] for recipe in since_t2r.RECIPES]
+
+
 @pytest.mark.parametrize("only, folders", [("mt", ["since/mt"]), ("ptb", ["since/ptb", "study/lm"]),
                                            ("hf", ["since/hf-llama"])])  # PTB's T2R row is the study's run
 def test_decode_with_only_visits_that_tasks_rows_alone(tmp_path, capsys, only, folders):
