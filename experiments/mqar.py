@@ -129,12 +129,17 @@ class Run:
     window: int = 0  # the sliding softmax window of after_t2r.py
     conv: bool = False  # a short convolution before each attention layer (after_t2r.ConvLM)
     lr: float = 0.0  # its peak learning rate; 0: the size's, the teacher's
+    steps: int = 0  # its training steps; 0: the size's (finetune_steps for a conversion, teacher_steps otherwise)
     model: str = ""  # its row in the tables: the runs of one learning-rate sweep share it (default: the name)
     parts: tuple = ()  # a conversion's train_lm.py flags since T2R (--decay, --short_conv K, --distill_weight W,
     # --keep_softmax N, --keep_softmax_every N): converted as train_lm.py converts (experiments/since_t2r.py's runs)
 
     def __post_init__(self):
         self.model = self.model or self.name
+
+
+def steps_of(run: Run, size: dict) -> int:
+    return run.steps or (size["finetune_steps"] if run.converted else size["teacher_steps"])
 
 
 FROM_SCRATCH = (("softmax", "transformer", "softmax", 0), ("t2r32", "transformer", "t2r", 32), ("sru++", "sru++", "", 0))
@@ -218,7 +223,7 @@ class MQARTask(Task):
 def run_args(run: Run, size: dict, out_dir: str, teacher: str, resume: bool) -> argparse.Namespace:
     """train_lm.py's flags for the loop (its checks included), with the run's budget; a conversion's --pretrained
     is the teacher's model.pt."""
-    steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+    steps = steps_of(run, size)
     flags = ["--dataset", "mqar", "--out_dir", out_dir, "--max_steps", str(steps), "--batch_size",
              str(size["batch_size"]), "--lr", str(run.lr or size["lr"]), "--warmup_steps", str(max(1, steps // 20)),
              "--dropout", "0", "--eval_interval", str(max(1, steps // 4)), "--log_interval", str(max(1, steps // 10)),
@@ -360,7 +365,7 @@ def check_planned(run: Run, size: dict, folder: str):
     """A run folder already there (finished or not) was trained to this plan's budget, curriculum and model size: a
     --quick run is not taken for a full one, nor the other way round. Else one line, before any work. What a file
     does not say (no config.json, no curriculum: written before they were kept) is not checked."""
-    steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+    steps = steps_of(run, size)
     planned = {"args.json": {"max_steps": steps, "batch_size": size["batch_size"], "lr": run.lr or size["lr"],
                              "transfer_steps": size["transfer_steps"] if run.transfer else 0,
                              "curriculum": curriculum_of(run, size)},
@@ -444,7 +449,7 @@ def main(argv=None):
         print(f"{len(chosen)} runs, {done} finished ({states.count('kept')} kept in {args.records}: read back, not "
               f"trained), {len(chosen) - done} to train")
         for run, state in zip(chosen, states):
-            steps = size["finetune_steps"] if run.converted else size["teacher_steps"]
+            steps = steps_of(run, size)
             print(f"{run.name}: {state} | {steps} steps at lr {run.lr or size['lr']:g}" +
                   (f" ({size['transfer_steps']} of transfer first)" if run.transfer else ""))
         return
@@ -460,8 +465,7 @@ def main(argv=None):
         print(f"{len(runs) - len(waiting)} of {len(runs)} runs finished; the table waits for: {', '.join(waiting)}")
         return
     for run in runs:
-        steps = (size["transfer_steps"] if run.transfer else 0) + (size["finetune_steps"] if run.converted
-                                                                  else size["teacher_steps"])
+        steps = (size["transfer_steps"] if run.transfer else 0) + steps_of(run, size)
         rows += rows_of(run, train_run(run, size, args.out_dir, args.records), steps,
                         size["transfer_steps"] if run.transfer else 0, size["lr"])
     rows = select_rates(rows)

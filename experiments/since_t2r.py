@@ -104,9 +104,16 @@ MQAR_SEEDS = {recipe: (1337, 1, 2) for recipe in ("t2r+chosen1", "t2r+every2nd",
                                                   "t2r+chosen1+decay+conv4+distill")}
 
 
+# Longer finetuning, one seed, after the rule's runs: whether the all-linear recall at 64 pairs is the parts' limit or
+# the budget's (T2R alone, and the best all-linear recipe, with MQAR_LONGER times the steps)
+MQAR_LONGER = 4
+LONGER = ("t2r", "t2r+decay+conv4+distill")
+
+
 def mqar_runs() -> list:
     from experiments import mqar
     t2r = ("--attn", "t2r", "--feature_size", MAIN_K)
+    steps = MQAR_LONGER * MQAR_SIZES["full"]["finetune_steps"]
     runs = []
     for recipe, parts in MQAR_RECIPES.items():
         for seed in MQAR_SEEDS.get(recipe, (1337,)):
@@ -114,6 +121,9 @@ def mqar_runs() -> list:
             runs.append(mqar.Run(name, attn="t2r", k=MAIN_K, converted=True, model=recipe,
                                  parts=(parts if recipe == "softmax control" else t2r + parts) +
                                  (() if seed == 1337 else ("--seed", seed))))
+    for recipe in LONGER:
+        runs.append(mqar.Run(f"{FOLDERS[recipe]}-{steps}steps", attn="t2r", k=MAIN_K, converted=True,
+                             model=f"{recipe}, {steps} steps", parts=t2r + MQAR_RECIPES[recipe], steps=steps))
     return runs
 
 
@@ -711,10 +721,10 @@ def mqar_lines(rows: list) -> list:
     from experiments.sizes import MQAR_SIZES
     size = MQAR_SIZES["full"]
     lines = ["", "## MQAR (experiments/mqar.py's 2-layer softmax teacher, d_model 128, 4 heads)", "",
-             f"Each recipe finetunes the teacher {size['finetune_steps']} steps, k = {MAIN_K} (one seed, train_lm.py's "
-             "default; more where named: their mean); recall on the "
+             f"Each recipe finetunes the teacher {size['finetune_steps']} steps (or as many as its name says), "
+             f"k = {MAIN_K} (one seed, train_lm.py's default; more where named: their mean); recall on the "
              "same fixed test sequences, the state's bytes after the sequence. Trained on: "
-             f"{machines(sorted({os.path.join(ROOT, r['runs']) for r in mq}))}.", "",
+             f"{machines(sorted({os.path.join(ROOT, f) for r in mq for f in r['runs'].split()}))}.", "",
              "| recipe | softmax layers | recall, 8 pairs | recall, 64 pairs | seeds | state bytes at 64 pairs |",
              "|---|---|---|---|---|---|"]
     by = {(r["recipe"], r["task"]): r for r in mq}

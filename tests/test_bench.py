@@ -285,12 +285,13 @@ def translator_run(folder, kind):
 @pytest.mark.parametrize("kind", ["softmax", "t2r"])
 def test_greedy_time_finds_the_head_the_matrix_products_and_the_new_tokens_attention(tmp_path, kind):
     """The head and the other matrix products are found in both; the attention kernel of one new token only in
-    softmax's decoding (both encoders are softmax)."""
+    softmax's decoding (both encoders are softmax). Not the size of "rest": it is what the profiled ops leave of
+    another, unprofiled pass, and on a loaded machine the two passes' times differ by more than it."""
     run_dir, _ = translator_run(tmp_path, kind)
     shares = bench.profile_greedy(run_dir, SimpleNamespace(device=torch.device("cpu"), mt_sentences=4))
     print(kind, {part: round(share, 3) for part, share in shares.items()})
     assert list(shares) == list(bench_tools.TIME_PARTS)
-    assert shares["head"] > 0 and shares["linear"] > 0 and shares["rest"] > 0
+    assert shares["head"] > 0 and shares["linear"] > 0
     assert (shares["sdpa"] > 0) == (kind == "softmax")
 
 

@@ -104,6 +104,18 @@ def test_an_mqar_conversion_since_t2r_carries_its_parts(mqar_quick):
     assert len(set(sizes.values())) == 1  # all linear: a state of one size at every length
 
 
+@pytest.mark.parametrize("recipe", since_t2r.LONGER)
+def test_a_longer_mqar_run_is_its_recipe_with_more_steps_and_a_folder_of_its_own(tmp_path, recipe):
+    size, runs = MQAR_SIZES["full"], since_t2r.mqar_runs()
+    base = next(r for r in runs if r.model == recipe)
+    longer = next(r for r in runs if r.model == f"{recipe}, {since_t2r.MQAR_LONGER * size['finetune_steps']} steps")
+    args, base_args = (vars(mqar.run_args(r, size, str(tmp_path), "teacher.pt", False)) for r in (longer, base))
+    assert args["max_steps"] == since_t2r.MQAR_LONGER * base_args["max_steps"]
+    assert {k: v for k, v in args.items() if k not in ("max_steps", "warmup_steps", "eval_interval", "log_interval")} \
+        == {k: v for k, v in base_args.items() if k not in ("max_steps", "warmup_steps", "eval_interval", "log_interval")}
+    assert mqar.folder_of(longer, "r") != mqar.folder_of(base, "r")
+
+
 def test_the_mqar_softmax_control_is_the_teacher_trained_on_unchanged(mqar_quick):
     where, runs, results = mqar_quick
     teacher, control = model_of(where, mqar.Run("softmax")), model_of(where, runs["softmax control"])
