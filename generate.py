@@ -137,7 +137,6 @@ class Traits:
     kv_width: int       # a layer's keys' width (and its values'): grouped-query attention keeps n_kv_head heads
     max_positions: int  # where learned positions (GPT-2's) end; 0: no end
     own_step: bool      # it steps with its own step only: no step_layers to compile or record as a CUDA graph
-    parallel_prefill: bool = True  # its prefill reads a prompt in one parallel pass (else a step a token, for now)
 
 
 def traits(model) -> Traits:
@@ -153,8 +152,7 @@ def traits(model) -> Traits:
     form = "KV cache" if set(kinds) == {"softmax"} else "recurrent state (RNN)"
     kv_width = c.kv_width() if hasattr(c, "kv_width") else c.d_model  # grouped-query heads keep fewer
     return Traits(f"attention {', '.join(sorted(set(kinds)))}{window}{folded}", form, kinds.count("softmax"),
-                  kv_width, getattr(c, "max_positions", 0), own_step=False,
-                  parallel_prefill=type(model).prefill is not prefill_by_steps)
+                  kv_width, getattr(c, "max_positions", 0), own_step=False)
 
 
 # -----------------------------------------------------------------------------
@@ -207,7 +205,7 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile t2r.py's step (--step model, eager or auto)")
     p.add_argument("--prefill", default="parallel", choices=["parallel", "step"],
                    help="how the prompt is read into the state: parallel, in one pass as a transformer reads it (the "
-                   "model's prefill); step, a step a token (t2r.py's reference, to compare)")
+                   "model's prefill); step, a step a token (prefill_by_steps, the reference, to compare)")
     p.add_argument("--prefill_chunk", type=positive_int, default=PREFILL_CHUNK,
                    help="--prefill parallel reads a longer prompt in pieces of this many tokens (bounded memory)")
     p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
@@ -350,9 +348,7 @@ def first_line(model, decoder, args) -> str:
         step = f"{type(model).__module__}.py's own step (it steps its own way: the fast step is for models without " \
                "rotary positions or grouped heads)"
     step = f"CUDA graph of {step}" if recorded else f"{step}, compiled" if args.compile else step
-    prefill = ("prompt read in one parallel pass" if args.prefill == "parallel" and t.parallel_prefill else
-               "prompt read a step a token" + ("" if args.prefill == "step" else " (its parallel prefill is not "
-                                                                                   "written yet)"))
+    prefill = "prompt read in one parallel pass" if args.prefill == "parallel" else "prompt read a step a token"
     return f"{args.ckpt}: {t.what}, mode recurrent with a {t.form}, {step}; {prefill}"
 
 
@@ -403,8 +399,8 @@ def report(model, lm, rows, args, seconds: float, state, kept_tokens: list, kept
     for b, ids in enumerate(rows if len(rows) > 1 else []):
         which = f"prompt {b // args.num_samples}, " if len(args.prompt) > 1 else ""
         print(f"--- {which}sample {b % args.num_samples}\n{text_of(lm, ids + picked[b])}")
-    how = ("recomputed" if args.mode == "recompute" else "read in one parallel pass" if args.prefill == "parallel" and
-           traits(model).parallel_prefill else "read a step a token")
+    how = ("recomputed" if args.mode == "recompute" else "read in one parallel pass" if args.prefill == "parallel"
+           else "read a step a token")
     print(f"\ntime to the first token: {first:.3f} s (the prompt's {max(map(len, rows))} tokens {how})")
     if args.num_tokens > 1:
         rest = len(rows) * (args.num_tokens - 1)

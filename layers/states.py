@@ -1,11 +1,12 @@
 """
 The bookkeeping of the recurrent states (t2r.py's and sru.py's): their precision (sums over thousands of positions
-in float32 at least, even under autocast), the KV cache a softmax layer grows by one key and value a token, and the
-bytes a state holds, which bench.py and generate.py report; and the fused layout the fast steps share
+in float32 at least, even under autocast), the KV cache a softmax layer grows by one key and value a token (and the
+causal mask of a prompt read after it, in pieces of prefill_piece positions), and the bytes a state holds, which
+bench.py and generate.py report; and the fused layout the fast steps share
 (support/fast_step.py, families.py's and decay.py's grouped steps): S and z side by side, Sz = [S | z] (B, H, k, d + 1),
 read and written with v1 = [v | 1], and q, k, v from one stacked product.
 
-    python -m pytest -q tests/test_step.py
+    python -m pytest -q tests/test_step.py tests/test_prefill.py
 """
 
 from contextlib import nullcontext

@@ -210,13 +210,13 @@ def unrolled_cross_attention(attn: nn.Module):
         return attn.step_cross
     H, query, out = attn.n_head, unrolled(attn.q_proj), unrolled(attn.out_proj)
     if type(attn) is SoftmaxAttention:
-        def softmax_cross(x, state):  # SoftmaxAttention.step_cross
+        def softmax_cross(x, state):  # SoftmaxAttention's step_cross
             q = query(x).view(x.shape[0], H, 1, -1)
             return out(F.scaled_dot_product_attention(q, state["k"], state["v"], attn_mask=state["mask"]).flatten(1))
         return softmax_cross
     feature_map = attn.feature_map.forward
 
-    def linear_cross(x, state):  # LinearAttention.step_cross
+    def linear_cross(x, state):  # LinearAttention's step_cross
         (fq,) = feature_map(query(x).view(x.shape[0], H, 1, -1))
         with full_precision(x.device):
             attended = read_state(*widened(fq), state["Sz"])  # Eq. 7

@@ -1,7 +1,7 @@
 """
 A trained model made ready to decode, for generate.py, translate.py and train_mt.py's BLEU: eval mode, its T2R layers
 folded (Eq. 8). What runs its step fast is support/fast_step.py's; prefill_by_steps is the reference every parallel
-prefill (t2r.py's TransformerBase.prefill) is held to, and the prefill of a model that has no parallel one.
+prefill (t2r.py's TransformerBase.prefill) is held to, and what `--prefill step` runs.
 """
 
 from t2r import FoldedT2RFeatureMap, T2RFeatureMap, fold
@@ -18,8 +18,8 @@ def is_folded(model) -> bool:  # whether `fold` merged a T2R feature map into W_
 
 
 def prefill_by_steps(model, tokens, state, chunk: int = 0):
-    """The reference prefill: each of tokens (B, T) through model.step (chunk: unused, a step holds one position).
-    Also the prefill of the models whose layers have no parallel one (SRU++)."""
+    """The reference prefill: each of tokens (B, T) through model.step (chunk: unused, a step holds one position);
+    generate.py's and translate.py's --prefill step."""
     for t in range(tokens.shape[1]):
         logits, state = model.step(tokens[:, t], state)
     return logits, state
