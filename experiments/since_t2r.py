@@ -555,7 +555,7 @@ def machines(folders: list) -> str:
     devices = sorted({m.get("device", "?") for m in found})
     threads = sorted({m.get("threads") for m in found} - {None})
     dates = sorted(m["date"] for m in found if "date" in m)
-    span = dates[0] if dates[:1] == dates[-1:] else f"{dates[0]} to {dates[-1]}" if dates else "?"
+    span = "?" if not dates else dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
     return f"{'; '.join(devices)}, {'/'.join(map(str, threads))} thread(s) a run, {span}"
 
 

@@ -180,6 +180,21 @@ def test_the_seed_rule_asks_for_three_where_two_rows_are_closer_than_twice_their
     assert wanted["mt"] is None  # no spread measured
 
 
+def test_a_longer_mqar_run_is_shown_apart_not_judged_summarised_or_asked_for_seeds():
+    longer = since_t2r.longer_name("t2r+decay+conv4+distill")
+    rows = [row(task, recipe, value, sd, seeds) for task in ("mqar8", "mqar64") for recipe, value, sd, seeds in
+            (("teacher", 1.0, None, 1), ("softmax control", 1.0, 0.001, 3), ("t2r", 0.43, 0.01, 3),
+             ("t2r+decay+conv4+distill", 0.54, 0.01, 3), (longer, 0.97, None, 1))]
+    for r in rows:
+        r.update(softmax_layers=2 if r["recipe"] in ("teacher", "softmax control") else 0, state_bytes=1, runs="x")
+    assert "t2r+decay+conv4+distill, 0.5400" in " ".join(since_t2r.summary_lines(rows))
+    assert not since_t2r.seeds_wanted(rows)["mqar64"]
+    lines = since_t2r.mqar_lines(rows)
+    verdict = next(line for line in lines if "recalls at least 0.95" in line)
+    assert "0.5400" in verdict and "**no**" in verdict and not any(line.startswith(f"| {longer} ") for line in lines)
+    assert any("4x as long" in line and "0.9700 (against 0.5400" in line for line in lines)
+
+
 def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
     size = LM_SIZES["full"]
     since_t2r.write_results(os.path.join(ROOT, "out", "study"), os.path.join(ROOT, "out", "since_t2r"), size,
