@@ -192,7 +192,18 @@ def test_a_longer_mqar_run_is_shown_apart_not_judged_summarised_or_asked_for_see
     lines = since_t2r.mqar_lines(rows)
     verdict = next(line for line in lines if "recalls at least 0.95" in line)
     assert "0.5400" in verdict and "**no**" in verdict and not any(line.startswith(f"| {longer} ") for line in lines)
-    assert any("4x as long" in line and "0.9700 (against 0.5400" in line for line in lines)
+    assert any("4x as long (" in line and "0.9700 (1 seed; against 0.5400 at 600 steps)" in line for line in lines)
+
+
+@pytest.mark.parametrize("seeds, value, verdict", [(1, 0.97, "not judged until its 3 seeds are in (1 so far)"),
+                                                   (3, 0.97, "yes"), (3, 0.90, "**no**")])
+def test_the_longer_recipe_is_judged_on_its_three_seeds_alone(seeds, value, verdict):
+    rows = [dict(row(task, recipe, v, None, n), softmax_layers=0, state_bytes=1, runs="x")
+            for task in ("mqar8", "mqar64") for recipe, v, n in
+            (("t2r", 0.43, 3), ("t2r+decay+conv4+distill", 0.54, 3),
+             (since_t2r.longer_name(since_t2r.LONGER_JUDGED), value, seeds))]
+    line, = [line for line in since_t2r.mqar_lines(rows) if "rule since-mqar-recall-longer" in line]
+    assert f"{value:.4f} ({seeds} seed" in line and f": {verdict} (rule" in line
 
 
 def test_the_committed_table_and_page_rebuild_from_the_records(tmp_path):
