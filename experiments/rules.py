@@ -237,7 +237,7 @@ RULES = [
          "2026-11-28", "2026-11-28, after the rule", True, "23fd5ce71339"),
     Rule("since-mqar-recall-longer", r"t2r\+decay\+conv4\+distill finetuned 4x as long recalls",
          f"the mean over its 3 seeds of its recall at 64 pairs at least {MQAR_RECALL}", (S + "recalls",),
-         ("MQAR_RECALL",), "SETTING", "2026-11-28", "2026-11-28, but its first seed (0.991) before", True,
+         ("MQAR_RECALL",), "fa952c5", "2026-11-28", "2026-11-28, but its first seed (0.991) before", True,
          "4ed22cd8431d"),
     Rule("since-mt-near-control", r"an all-linear conversion within 1 BLEU of the softmax control",
          f"the test BLEU of the best all-linear recipe at most {COMPARABLE_BLEU:g} below the softmax control "
