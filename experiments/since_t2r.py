@@ -584,8 +584,11 @@ def summary_lines(rows: list) -> list:
         others = ", ".join(f"{label} {value(mine[recipe])} ({seeds(mine[recipe])})" for label, recipe in
                            (("T2R", "t2r"), ("the teacher", "teacher"), ("the softmax control", "softmax control"))
                            if recipe in mine)
+        longer = mine.get(longer_name(LONGER_JUDGED))
+        longer = f" Finetuned {MQAR_LONGER}x as long, {LONGER_JUDGED}: {value(longer)} ({seeds(longer)})." \
+            if longer else ""
         lines.append(f"- {name}): the best all-linear conversion, {best['recipe']}, {value(best)} "
-                     f"({seeds(best)}); {others}.")
+                     f"({seeds(best)}); {others}.{longer}")
     return lines
 
 

@@ -187,7 +187,9 @@ def test_a_longer_mqar_run_is_shown_apart_not_judged_summarised_or_asked_for_see
              ("t2r+decay+conv4+distill", 0.54, 0.01, 3), (longer, 0.97, None, 1))]
     for r in rows:
         r.update(softmax_layers=2 if r["recipe"] in ("teacher", "softmax control") else 0, state_bytes=1, runs="x")
-    assert "t2r+decay+conv4+distill, 0.5400" in " ".join(since_t2r.summary_lines(rows))
+    summary = " ".join(since_t2r.summary_lines(rows))
+    assert "conversion, t2r+decay+conv4+distill, 0.5400" in summary and "as long, t2r+decay+conv4+distill: 0.9700 (1" \
+        in summary
     assert not since_t2r.seeds_wanted(rows)["mqar64"]
     lines = since_t2r.mqar_lines(rows)
     verdict = next(line for line in lines if "recalls at least 0.95" in line)
