@@ -804,8 +804,9 @@ def conv_teacher_line() -> list:
     return [f"  (beside it, not judged, as it ran before the rule: experiments/mqar.py's T2R k = {MAIN_K} conversion "
             f"of a teacher trained with a kernel-3 convolution recalls {float(row['accuracy']):.4f} at 64 pairs, "
             "results/mqar.csv; a reading: there the convolution carries the previous-token shift the teacher learned "
-            "to use, while one added at the swap leaves the shift to the teacher's own attention head, which the "
-            "conversion must keep)"]
+            "to use, while one added at the swap must take the shift over from the teacher's own attention head in "
+            f"the finetuning: {MQAR_SIZES['full']['finetune_steps']} steps were too few for it, {MQAR_LONGER}x as "
+            "many enough, below)"]
 
 
 # -----------------------------------------------------------------------------
