@@ -26,10 +26,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from layers.adaptive import AdaptiveSoftmax
-from layers.config_rules import check_config
+from layers.config_rules import check_config, converted_kinds  # converted_kinds: every k-th layer kept softmax
 from layers.embedding import Embedding  # the token embedding times sqrt(h) plus sinusoidal positions
-from layers.states import (append_to_cache, causal_after, full_precision, prefill_piece,  # a KV cache's growth
-                           state_dtype, widened)  # float32 sums
+from layers.states import append_to_cache, causal_after, full_precision, prefill_piece, state_dtype, widened
 
 ATTENTION_KINDS = ("softmax", "t2r", "elu", "rfa")
 # The one epsilon rule of every linear form: ReLU features can all be zero, and so the normaliser phi(q).z of Eq. 7
@@ -309,8 +308,7 @@ class LinearAttention(Attention):
             return linear_attention_chunked(fq, fk, v, self.chunk_size)
         return linear_attention_quadratic(fq, fk, v, causal=True)
 
-    # Recurrent form: S (k x d) and z (k) per head, the same size at every position, in float32 at least (the model's
-    # precision is widened at the state, as in `attend`). The step is the one above (support/fast_step.py runs it fast).
+    # Recurrent form: S (k x d) and z (k) per head, one size at every position, float32 at least (widened, as in attend)
     def init_state(self, batch_size: int, device, dtype):
         S = torch.zeros(batch_size, self.n_head, self.feature_size, self.d_head, device=device,
                         dtype=state_dtype(dtype))  # (B, H, k, d)
@@ -451,8 +449,7 @@ class TransformerBase(nn.Module):
         return self.lm_head(self.final_norm(x))
 
     def step(self, tokens, state):
-        """tokens (B,) at position state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V); the
-        state moves on in place. Generation's form: dropout would apply in training mode."""
+        """tokens (B,) at state['pos'] (an int, or a 0-dim tensor a CUDA graph reads) -> logits (B, V), in place."""
         if self.training:
             raise ValueError("step generates: call model.eval() first (in training mode dropout would apply)")
         with torch.no_grad():  # a reader follows main -> generate -> this -> a layer's step -> Eq. 6 (tests)
@@ -469,8 +466,8 @@ class TransformerBase(nn.Module):
 
     @torch.no_grad()
     def prefill(self, tokens, state, chunk: int = PREFILL_CHUNK):
-        """tokens (B, T) from position state['pos'] -> the last one's logits (B, V), the state moved past them in place:
-        what T steps give, in parallel passes of `chunk` positions (memory bounded at any T but a KV cache's)."""
+        """tokens (B, T) from state['pos'] -> the last one's logits (B, V), the state moved on: T steps' result, read in
+        parallel passes of `chunk` positions (memory bounded at any T but a KV cache's)."""
         if self.training:
             raise ValueError("prefill generates: call model.eval() first (in training mode dropout would apply)")
         size = prefill_piece(self.config, tokens.shape[1], chunk)
@@ -502,8 +499,7 @@ class TransformerLM(TransformerBase):
 
 
 class Seq2SeqTransformer(TransformerBase):
-    """Encoder-decoder translator, embeddings shared by source, target and output (joint BPE).
-    model(src, tgt_in) -> logits; init_state(src) encodes; step decodes one token."""
+    """Encoder-decoder translator, embeddings shared (joint BPE): model(src, tgt_in) -> logits; init_state encodes."""
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -538,10 +534,9 @@ class Seq2SeqTransformer(TransformerBase):
 def convert(model: TransformerBase, attn: str = "t2r", feature_size: int | None = None, keep_softmax_every: int = 0,
             cross_feature_size: int = 32, keep_softmax_from: str = "nth", build=None, keep_softmax_layers=(),
             **changes) -> TransformerBase:
-    """Swap: a copy of a trained softmax model, every weight copied, its (decoder) attention replaced by `attn` with new
-    feature maps; finetune the result. Causal k defaults to 4 in a translator (whose encoder stays), 32 in an LM; cross
-    k to 32 (section 3.2). changes: other fields of the student's config. The seams for what came after T2R: build
-    (config -> student; after_t2r.py, decay.py) and keep_softmax_layers (0 the bottom; support/choose_layers.py)."""
+    """Swap: a trained softmax model's copy, its (decoder) attention replaced by `attn` with new feature maps; finetune
+    it. Causal k: 4 in a translator (its encoder stays), 32 in an LM; cross k 32 (section 3.2). changes: other config
+    fields. Seams for what came after T2R: build (config -> student) and keep_softmax_layers (0 the bottom)."""
     config, is_seq2seq = model.config, isinstance(model, Seq2SeqTransformer)
     if attn not in ATTENTION_KINDS or attn == "softmax":
         raise ValueError(f"convert to one of t2r, elu, rfa, not {attn!r}")
@@ -564,22 +559,6 @@ def new_tensors(model: nn.Module) -> set:
     """The names of what a conversion adds, as each module names its own (new_tensors()): here the feature maps."""
     return {f"{name}.{new}" for name, m in model.named_modules() if hasattr(m, "new_tensors")
             for new in m.new_tensors()}
-
-
-KEEP_SOFTMAX_FROM = ("nth", "top")  # the two readings of "every fourth layer from the top is kept"
-
-
-def converted_kinds(n_layer: int, attn: str, keep_softmax_every: int, keep_softmax_from: str = "nth") -> list:
-    """Layer kinds, bottom to top. keep_softmax_every=4 keeps every 4th layer counted from the top as softmax (the
-    paper's "T2R 75%"): from "nth", the 4th, 8th, ...; from "top", the top one, the 5th, 9th, ... 0: none."""
-    if keep_softmax_from not in KEEP_SOFTMAX_FROM:
-        raise ValueError(f"keep_softmax_from is one of {KEEP_SOFTMAX_FROM}, not {keep_softmax_from!r}")
-    first = keep_softmax_every if keep_softmax_from == "nth" else 1  # the first kept layer, 1 being the top one
-    kept = set(range(first, n_layer + 1, keep_softmax_every)) if keep_softmax_every else set()  # counted from the top
-    if keep_softmax_every and not kept:
-        raise ValueError(f"keep_softmax_every={keep_softmax_every} counts past the {n_layer} layers: none stays "
-                         f"softmax (use at most {n_layer}, or keep_softmax_from top)")
-    return ["softmax" if n_layer - i in kept else attn for i in range(n_layer)]
 
 
 @torch.no_grad()

@@ -42,7 +42,8 @@ from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context
                              non_negative_int, positive_int, run_main, unit_interval, write_json)
 from support.training import Task, get_lr, train
 from support.transfer import TransferFirst
-from t2r import KEEP_SOFTMAX_FROM, Config, convert
+from layers.config_rules import KEEP_SOFTMAX_FROM
+from t2r import Config, convert
 
 # The paper's WikiText-103 model (section 3.2.1, appendix Table 3), for GPU users.
 # batch 6 x 512 = 3072 tokens per GPU and update-freq 3: on 8 GPUs the paper's ~74K tokens per update.

@@ -647,7 +647,7 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
                      f"{best['recipe']}, {best['value']:.2f}: {near_control(values[best['recipe']], control)}")
     chosen = next((r for r in ptb if r["recipe"] == "t2r+chosen1"), None)
     if chosen:
-        from t2r import converted_kinds
+        from layers.config_rules import converted_kinds
         n_layer = size["model"]["n_layer"]
         every = {i for i, kind in enumerate(converted_kinds(n_layer, "t2r", 4)) if kind == "softmax"}
         picks = [read_json(os.path.join(ROOT, f, "softmax_layers.json"))["kept"] for f in chosen["runs"].split()]
