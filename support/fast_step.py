@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
+from after_t2r import ConvDecayingAttention, ConvLinearAttention, ConvSoftmaxAttention
 from decay import DecayingAttention
 from families import FamilyBlock, FamilyLM
 from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
@@ -74,11 +75,12 @@ class FlatStep:
     read, makes about ten a layer; unrolled and fused, a token takes 0.79 of its time at batch 1 on the default LM
     (results/measurements.md).
     Unrolled: torch's LayerNorm, Linear and ReLU (the MLP, the head), t2r.py's multi-head softmax and linear
-    attention, self and cross, and decay.py's decaying state; the embedding and any other attention module (the short
-    convolution's, the window's, bench.py's floors) run as modules. Build it from the model as it will decode (folded,
-    on its device, in its dtype): it reads the model's weights (W_q, W_k, W_v stacked at each init_state). Its state
-    is the model's, fused: the model's prefill reads a prompt into it. A model that steps its own way (a family's with
-    rotary positions or grouped heads: a Llama's; SRU++) does not fit: `eager_decoder` gives it its own step."""
+    attention, self and cross, and decay.py's decaying state, after the short convolution's step where a layer has one
+    (after_t2r.py); the embedding and any other attention module (the window's, bench.py's floors) run as modules.
+    Build it from the model as it will decode (folded, on its device, in its dtype): it reads the model's weights
+    (W_q, W_k, W_v stacked at each init_state). Its state is the model's, fused: the model's prefill reads a prompt
+    into it. A model that steps its own way (a family's with rotary positions or grouped heads: a Llama's; SRU++)
+    does not fit: `eager_decoder` gives it its own step."""
 
     def __init__(self, model):
         if model.training:
@@ -170,19 +172,31 @@ def chain(parts, x):
     return x
 
 
+CONVOLVED = {ConvSoftmaxAttention: SoftmaxAttention, ConvLinearAttention: LinearAttention,  # after_t2r.py's: the
+             ConvDecayingAttention: DecayingAttention}  # short convolution's step, then the attention's (below)
+
+
 def unrolled_attention(attn: nn.Module, stackers: list):
     """t2r.py's attention step (x (B, h), state) -> (B, h), q, k, v (and linear attention's 1) from one product on the
-    weights the function stackers gets stacks; a subclass (a window, a family's heads) or another module runs its own
-    step."""
-    if type(attn) not in (SoftmaxAttention, LinearAttention, DecayingAttention):
+    weights the function stackers gets stacks, after the short convolution's step where the layer has one; a subclass
+    (a window, a family's heads) or another module runs its own step."""
+    kind = CONVOLVED.get(type(attn), type(attn))
+    if kind not in (SoftmaxAttention, LinearAttention, DecayingAttention):
         return attn.step
+    step = unrolled_attention_of(kind, attn, stackers)
+    if type(attn) in CONVOLVED:  # ConvInput.step: the last K - 1 inputs in state["conv"]
+        return lambda x, state: step(attn.conv.step(x, state["conv"]), state)
+    return step
+
+
+def unrolled_attention_of(kind: type, attn: nn.Module, stackers: list):  # kind: attn's class, or the one it convolves
     H, out, stacked = attn.n_head, unrolled(attn.out_proj), {}
 
     def stack():  # [q | k | v (| 1)] by head, from the weights as they are now
-        stacked["qkv"] = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), H, type(attn) is not SoftmaxAttention)
+        stacked["qkv"] = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), H, kind is not SoftmaxAttention)
     stackers.append(stack)
-    decays = type(attn) is DecayingAttention  # decay.py's: [S | z] = g_i [S | z] before Eq. 6
-    if type(attn) is SoftmaxAttention:
+    decays = kind is DecayingAttention  # decay.py's: [S | z] = g_i [S | z] before Eq. 6
+    if kind is SoftmaxAttention:
         def softmax_step(x, state):  # SoftmaxAttention.step
             q, k, v = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split(attn.d_head, -1)
             return out(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)).flatten(1))

@@ -34,6 +34,8 @@ LM_CASES = {
     "t2r decaying": dict(attn="t2r", decay=True),
     "softmax below t2r decaying": dict(attn=["softmax", "t2r"], decay=True),
     "t2r short conv": dict(attn="t2r", short_conv=3),
+    "t2r short conv folded": dict(attn="t2r", short_conv=3, fold=True),
+    "softmax below t2r short conv decaying": dict(attn=["softmax", "t2r"], short_conv=4, decay=True),
 }
 
 
@@ -42,6 +44,9 @@ def tiny_lm(attn="t2r", fold_it=False, dtype=torch.float64, **switches):
     config = config_of(dict(vocab_size=60, n_layer=2, n_head=2, d_model=16, d_ff=32, dropout=0.0, attn=attn,
                             feature_size=4, **switches))
     model = build_model(config).to(dtype).eval()  # with a window or GPT-2's switches: its subclass
+    with torch.no_grad():  # a short convolution starts as the identity: taps on the past inputs, so the shift counts
+        for name, p in model.named_parameters():
+            p.add_(0.3 * torch.randn_like(p) if ".conv." in name else 0)
     return fold(model) if fold_it else model
 
 
@@ -140,7 +145,8 @@ def test_the_flat_step_gives_the_model_steps_logits(case):
     assert state["pos"] == 40
 
 
-@pytest.mark.parametrize("kind, switches", [("t2r", {}), ("softmax", {}), ("elu", {}), ("t2r", dict(decay=True))])
+@pytest.mark.parametrize("kind, switches", [("t2r", {}), ("softmax", {}), ("elu", {}), ("t2r", dict(decay=True)),
+                                            ("t2r", dict(short_conv=3))])
 def test_the_flat_step_of_a_translator_gives_the_model_steps_logits(kind, switches):
     model = tiny_translator(kind, **switches)
     model = fold(model) if kind == "t2r" else model  # a decaying layer does not fold (decay.py)
@@ -220,8 +226,9 @@ def test_the_flat_step_calls_no_module_of_t2r_py_but_the_embedding(attn, model_k
     assert modules_called(flat, state) == ["Embedding", "Embedding"]  # layers/embedding.py's, and its nn.Embedding
 
 
-def test_the_flat_step_of_a_decaying_state_calls_no_module_but_the_embedding():
-    flat = FlatStep(tiny_lm(decay=True))  # a family's model (decay.py's DecayingLM) without rotary positions
+@pytest.mark.parametrize("switches", [dict(decay=True), dict(short_conv=3), dict(short_conv=3, decay=True)])
+def test_the_flat_step_of_a_decaying_state_or_a_convolution_calls_no_module_but_the_embedding(switches):
+    flat = FlatStep(tiny_lm(**switches))  # a family's model (decay.py's, after_t2r.py's) without rotary positions
     assert modules_called(flat, flat.init_state(1)) == ["Embedding", "FamilyEmbedding"]
 
 
