@@ -245,8 +245,10 @@ def rows_of(study_out: str, out: str, size: dict) -> list:
 # -----------------------------------------------------------------------------
 # The decoding probe: each recipe's speed and state, measured on its first seed's weights
 
+MINUTES = "Train minutes: one run's finetuning (or the teacher's training), the mean over the recipe's seeds."
 DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 3  # a block-long prompt, then greedy steps; median of passes
 HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 positions it was trained on
+MQAR_DECODE = (128, 128)  # MQAR's: within the 256 positions of a sequence of 64 pairs
 
 
 @torch.no_grad()
@@ -298,13 +300,13 @@ def measure_translation(out_dir: str) -> dict:
             "threads": torch.get_num_threads()}
 
 
-DECODED_TASKS = ("ptb", "hf-llama", "mt")  # what --stage decode times, in its order
+DECODED_TASKS = ("ptb", "hf-llama", "mt", "mqar")  # what --stage decode times, in its order
 
 
 def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
     """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, the hf:
-    Llama's, then the translator's; of the tasks whose name (ptb, hf-llama, mt) matches `tasks`, so that one task's
-    rows can be timed again together, on one machine on one day."""
+    Llama's, the translator's, then MQAR's; of the tasks whose name (ptb, hf-llama, mt, mqar) matches `tasks`, so that
+    one task's rows can be timed again together, on one machine on one day."""
     from experiments.records import machine
     from support.runtime import write_json
     hf = [(run, "since") for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), out)]
@@ -324,6 +326,25 @@ def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
         records_of(owner, study_out, out).keep(run)
         print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
               flush=True)
+    if re.search(tasks, "mqar"):
+        probe_mqar_decoding(out)
+
+
+def probe_mqar_decoding(out: str):
+    """decode.json of each MQAR recipe's first seed (its 600-step run), into its folder and its record's."""
+    from experiments import mqar
+    from experiments.records import machine
+    from support.runtime import write_json
+    records = os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
+    for run in [r for r in mqar_runs() if r.model in MQAR_RECIPES and not re.search(r"-seed\d+$", r.name)]:
+        model_pt = os.path.join(mqar.folder_of(run, os.path.join(out, "mqar")), "model.pt")
+        if not os.path.isfile(model_pt):
+            print(f"mqar {run.name}: no weights here ({model_pt}): not measured")
+            continue
+        found = {**measure_decoding(model_pt, *MQAR_DECODE), **machine()}
+        for folder in (os.path.dirname(model_pt), mqar.folder_of(run, records)):
+            write_json(os.path.join(folder, "decode.json"), found)
+        print(f"mqar {run.model}: {found['tokens_per_s']:.0f} tokens/s", flush=True)
 
 
 def records_of(owner: str, study_out: str, out: str) -> Records:
@@ -373,7 +394,7 @@ def translates_near_control(all_linear: float, control: float) -> str:
 # The table (results/since_t2r.csv, one row a result) and the page (results/since_t2r.md), from the records alone
 
 COLUMNS = ["task", "recipe", "softmax_layers", "metric", "value", "sd", "seeds", "state_bytes", "decode_tokens_per_s",
-           "gap_to_teacher", "gap_to_control", "train_minutes", "runs"]
+           "gap_to_teacher", "gap_to_control", "train_minutes", "trained_on", "runs"]
 
 
 def kept_layers(folder: str, n_layer: int, recipe: str) -> int:
@@ -386,6 +407,15 @@ def kept_layers(folder: str, n_layer: int, recipe: str) -> int:
         return len(read_json(chosen)["kept"])
     every = read_json(os.path.join(folder, "args.json")).get("keep_softmax_every") or 0
     return len(range(every, n_layer + 1, every)) if every else 0
+
+
+def cell(value, form: str = "{}") -> str:  # a table's cell: "-" where there is no value
+    return "-" if value is None else form.format(value)
+
+
+def minutes_per_run(results) -> float | None:  # a run's training minutes, the mean over a recipe's runs
+    minutes = [r["train_minutes"] for r in results if "train_minutes" in r]
+    return round(statistics.mean(minutes), 1) if minutes else None
 
 
 def mean_sd(values: list) -> tuple:  # the sample SD, where there are two values or more
@@ -414,7 +444,7 @@ def ptb_rows(study_out: str, out: str, size: dict) -> tuple:
                          metric="test_ppl", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
                          seeds=len(values[recipe]), state_bytes=decode.get("state_bytes"),
                          decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
-                         train_minutes=round(sum(r["train_minutes"] for _, r in found[recipe]), 1),
+                         train_minutes=minutes_per_run(r for _, r in found[recipe]),
                          runs=" ".join(shorten(folder) for folder, _ in found[recipe])))
     return with_gaps(rows), values
 
@@ -430,14 +460,16 @@ def mqar_rows() -> list:
             found.setdefault(run.model, []).append((folder, read_json(os.path.join(folder, "results.json"))))
     rows = []
     for recipe, runs in found.items():
-        first = runs[0][0]
+        first, decode = runs[0][0], os.path.join(runs[0][0], "decode.json")
+        decode = read_json(decode) if os.path.isfile(decode) else {}
         layers = 2 if recipe in ("teacher", "softmax control") else kept_layers(first, 2, recipe)
         for pairs in MQAR_PAIRS:
             mean, sd = mean_sd([r["accuracy"][str(pairs)] for _, r in runs])
             rows.append(dict(task=f"mqar{pairs}", recipe=recipe, softmax_layers=layers, metric="recall",
                              value=round(mean, 4), sd=None if sd is None else round(sd, 4), seeds=len(runs),
                              state_bytes=runs[0][1]["state_bytes"][str(mqar.length_for(pairs))],
-                             decode_tokens_per_s=None, train_minutes=round(sum(r["train_minutes"] for _, r in runs), 1),
+                             decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                             train_minutes=minutes_per_run(r for _, r in runs),
                              runs=" ".join(shorten(folder) for folder, _ in runs)))
     return with_gaps(rows)
 
@@ -465,7 +497,7 @@ def hf_rows() -> list:
                          value=round(mean, 2), sd=None if sd is None else round(sd, 2), seeds=len(results),
                          state_bytes=decode.get("state_bytes"),
                          decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
-                         train_minutes=round(sum(r["train_minutes"] for r in results), 1),
+                         train_minutes=minutes_per_run(results),
                          runs=" ".join(shorten(f) for f in folders)))
     return with_gaps(rows)
 
@@ -491,7 +523,7 @@ def mt_rows() -> list:
                          metric="bleu", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
                          seeds=len(results), state_bytes=decode.get("state_bytes"),
                          decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
-                         train_minutes=round(sum(r["train_minutes"] for r in results), 1),
+                         train_minutes=minutes_per_run(results),
                          runs=" ".join(shorten(f) for f in folders)))
     return with_gaps(rows)
 
@@ -510,6 +542,8 @@ def write_results(study_out: str, out: str, size: dict, results_dir: str):
     from support.runtime import write_csv
     ptb, values = ptb_rows(study_out, out, size)
     rows = ptb + mt_rows() + mqar_rows() + hf_rows()
+    for row in rows:  # where and when its runs trained (their commands: each record's args.json)
+        row["trained_on"] = machines([os.path.join(ROOT, folder) for folder in row["runs"].split()])
     write_csv(os.path.join(results_dir, "since_t2r.csv"), rows, COLUMNS)
     page = os.path.join(results_dir, "since_t2r.md")
     from support.runtime import atomic_write
@@ -600,7 +634,8 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
              "Built by `python -m experiments.since_t2r --stage results` from results/since_t2r.csv, which it writes "
              "from the runs' records (results/runs/since_t2r, results/runs/lm); the runs: "
              "`python -m experiments.since_t2r --jobs 2` (PTB), `--stage mt`, `--stage mqar`, `--stage hf`, "
-             "`--stage decode`. What each part is: decay.py, after_t2r.py (ConvInput), support/distill.py, "
+             "`--stage decode`; each row's machine and dates: the CSV's trained_on. What each part is: decay.py, "
+             "after_t2r.py (ConvInput), support/distill.py, "
              "support/choose_layers.py.", "",
              "In short (the README quotes these lines):", "", *summary_lines(rows), ""]
     ptb = [r for r in rows if r["task"] == "ptb"]
@@ -610,16 +645,17 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
               f"recipe, T2R's k = {MAIN_K}), once for each seed; the softmax control is the teacher finetuned as long, "
               "unchanged. Test perplexity: the mean of the seeds, their SD. Decoding: greedy tokens/s at batch 1 after "
               f"a {DECODE_PROMPT}-token prompt read by prefill ({DECODE_TOKENS} steps, the median of {DECODE_PASSES} "
-              "passes, on the first seed's weights), and the state's bytes then. "
+              f"passes, on the first seed's weights), and the state's bytes then. {MINUTES} "
               f"Trained on: {machines(folders)}.", "",
-              "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    cell = lambda v, fmt="{}": "-" if v is None else fmt.format(v)
+              "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
+              "| train minutes |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in ptb:
         lines.append(f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['sd'], '{:.2f}')} | "
                      f"{r['seeds']} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
                      f"{cell(r['gap_to_control'], '{:+.2f}')} | "
-                     f"{cell(r['state_bytes'], '{:,}')} | {cell(r['decode_tokens_per_s'])} |")
+                     f"{cell(r['state_bytes'], '{:,}')} | {cell(r['decode_tokens_per_s'])} | "
+                     f"{cell(r['train_minutes'])} |")
     decode = [os.path.join(r["runs"].split()[0], "decode.json") for r in ptb]
     decoded = [d for d in decode if os.path.isfile(os.path.join(ROOT, d))]
     if decoded:
@@ -667,7 +703,7 @@ def mt_lines(rows: list) -> list:
     mt = [r for r in rows if r["task"] == "mt"]
     if not mt:
         return ["", "## The translator", "", "Not run yet: `python -m experiments.since_t2r --stage mt`."]
-    size, cell = MT_SIZES["full"], lambda v, fmt: "-" if v is None else fmt.format(v)
+    size = MT_SIZES["full"]
     lines = ["", "## The translator (the study's Table 2 model: 3+3 layers, d_model 128, the LibreOffice corpus)", "",
              f"Its teacher trained again here with the study's flags (seed {MT_SEED}); each recipe finetunes it "
              f"{size['finetune_steps']} steps at lr {MT_LR['finetune']:g} (the study's conversion: T2R's k = 4 in the "
@@ -676,7 +712,7 @@ def mt_lines(rows: list) -> list:
              "the decoder's causal attention's; the control trains the teacher on as long, softmax. Test BLEU: "
              "detokenized SacreBLEU, beam 5. Decoding: greedy tokens/s at batch 16 on the test sentences (the "
              "study's speed probe, the median of 3 passes), and one sentence's decoder state after "
-             f"{MT_STATE_TOKENS} target tokens, cross attention included. "
+             f"{MT_STATE_TOKENS} target tokens, cross attention included. {MINUTES} "
              f"Trained on: {machines([os.path.join(ROOT, f) for r in mt for f in r['runs'].split()])}.", "",
              "| recipe | softmax layers | test BLEU | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
              "| train minutes |",
@@ -684,7 +720,7 @@ def mt_lines(rows: list) -> list:
     lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['sd'], '{:.2f}')} | "
               f"{r['seeds']} | {cell(r['gap_to_teacher'], '{:+.2f}')} | "
               f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r['state_bytes'], '{:,}')} | "
-              f"{cell(r['decode_tokens_per_s'], '{}')} | {r['train_minutes']} |" for r in mt]
+              f"{cell(r['decode_tokens_per_s'], '{}')} | {cell(r['train_minutes'], '{}')} |" for r in mt]
     missing = [recipe for recipe in RECIPES if recipe not in {r["recipe"] for r in mt}]
     if missing:
         lines += ["", f"Still to run (`python -m experiments.since_t2r --stage mt`): {', '.join(missing)}."]
@@ -711,7 +747,6 @@ def hf_lines(rows: list) -> list:
     hf = [r for r in rows if r["task"] == "hf-llama"]
     if not hf:
         return ["", "## The hf: recipe's Llama", "", "Not run yet: `python -m experiments.since_t2r --stage hf`."]
-    cell = lambda v: "-" if v is None else f"{v:+.2f}"
     lines = ["", "## The hf: recipe's Llama (experiments/hf_recipe.py's teacher: 4 layers, 128 wide, 4 query and 2 "
              "key/value heads, rotary positions)", "",
              f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
@@ -721,14 +756,14 @@ def hf_lines(rows: list) -> list:
              "trained on as long, softmax. Trained on: "
              f"{machines([os.path.join(ROOT, f) for r in hf for f in r['runs'].split()])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
-             "was trained on).", "",
-             "| recipe | softmax layers | test ppl | seeds | vs teacher | vs control | state bytes | tokens/s |",
-             "|---|---|---|---|---|---|---|---|"]
-    count = lambda v, fmt: "-" if v is None else fmt.format(v)
+             f"was trained on). {MINUTES}", "",
+             "| recipe | softmax layers | test ppl | seeds | vs teacher | vs control | state bytes | tokens/s "
+             "| train minutes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {r['seeds']} | "
-              f"{cell(r['gap_to_teacher'])} | "
-              f"{cell(r['gap_to_control'])} | {count(r.get('state_bytes'), '{:,}')} | "
-              f"{count(r.get('decode_tokens_per_s'), '{}')} |" for r in hf]
+              f"{cell(r['gap_to_teacher'], '{:+.2f}')} | "
+              f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r.get('state_bytes'), '{:,}')} | "
+              f"{cell(r.get('decode_tokens_per_s'))} | {cell(r.get('train_minutes'))} |" for r in hf]
     return lines
 
 
@@ -741,16 +776,21 @@ def mqar_lines(rows: list) -> list:
     size = MQAR_SIZES["full"]
     lines = ["", "## MQAR (experiments/mqar.py's 2-layer softmax teacher, d_model 128, 4 heads)", "",
              f"Each recipe finetunes the teacher {size['finetune_steps']} steps (or as many as its name says), "
-             f"k = {MAIN_K} (one seed, train_lm.py's default; more where named: their mean); recall on the "
-             "same fixed test sequences, the state's bytes after the sequence. Trained on: "
+             f"k = {MAIN_K}, from train_lm.py's seed and from as many more as the seeds column says (their mean); "
+             "recall on the same fixed test sequences, the state's bytes after the sequence. The layer kept softmax "
+             "by the paper's placement is every 2nd: of 2 layers, every 4th would keep none. Decoding as PTB's, "
+             f"after a {MQAR_DECODE[0]}-token prompt, {MQAR_DECODE[1]} steps (a 64-pair sequence's length). "
+             f"{MINUTES} Trained on: "
              f"{machines(sorted({os.path.join(ROOT, f) for r in mq for f in r['runs'].split()}))}.", "",
-             "| recipe | softmax layers | recall, 8 pairs | recall, 64 pairs | seeds | state bytes at 64 pairs |",
-             "|---|---|---|---|---|---|"]
+             "| recipe | softmax layers | recall, 8 pairs | recall, 64 pairs | seeds | state bytes at 64 pairs "
+             "| tokens/s | train minutes |",
+             "|---|---|---|---|---|---|---|---|"]
     by, longer = {(r["recipe"], r["task"]): r for r in mq}, [longer_name(recipe) for recipe in LONGER]
     for recipe in [recipe for recipe in dict.fromkeys(r["recipe"] for r in mq) if recipe not in longer]:
         r8, r64 = by.get((recipe, "mqar8")), by.get((recipe, "mqar64"))
         lines.append(f"| {recipe} | {r64['softmax_layers']} | {r8['value']:.4f} | {r64['value']:.4f} | "
-                     f"{r64['seeds']} | {r64['state_bytes']:,} |")
+                     f"{r64['seeds']} | {r64['state_bytes']:,} | {cell(r64.get('decode_tokens_per_s'))} | "
+                     f"{cell(r64.get('train_minutes'))} |")
     linear = [r for r in mq if r["task"] == "mqar64" and r["softmax_layers"] == 0 and r["recipe"] not in longer]
     if linear:
         best = max(linear, key=lambda r: r["value"])

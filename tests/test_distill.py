@@ -97,6 +97,23 @@ def test_the_mixed_loss_is_the_tasks_and_the_kl_in_the_weights_proportion(weight
     assert not any(p.requires_grad for p in distilled.teacher.parameters()) and not distilled.teacher.training
 
 
+def test_the_memory_estimate_counts_the_frozen_teacher(monkeypatch):
+    """A distilled run is refused where it cannot fit with its teacher: the estimate adds the teacher's float32
+    weights and a step's teacher logits and their log-softmax to the student's own."""
+    from conftest import lm_config, make
+    from support import job
+    from t2r import TransformerLM
+    student, teacher = (make(TransformerLM, lm_config(kind, vocab_size=11, n_layer=n), torch.float32, 0)
+                        for kind, n in (("t2r", 2), ("softmax", 3)))
+    needed = []
+    monkeypatch.setattr(job, "check_fits", lambda bytes_, *_: needed.append(bytes_))
+    task = ToyTask(0.5)
+    DistilledFrom(task, teacher, student)
+    job.check_training_fits(task, lambda: job.meta_twin(student))  # the student alone
+    teacher_bytes = 4 * sum(p.numel() for p in teacher.parameters()) + 2 * 4 * task.tokens_per_step() * 11
+    assert needed[0] - needed[1] == teacher_bytes
+
+
 # -----------------------------------------------------------------------------
 # The trainers
 

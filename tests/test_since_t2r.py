@@ -242,7 +242,7 @@ def test_decode_with_only_visits_that_tasks_rows_alone(tmp_path, capsys, only, f
 
 def test_decode_refuses_an_only_that_names_no_task_before_timing_anything(tmp_path):
     result = run_in_process("experiments.since_t2r", "--stage", "decode", "--only", "llama-hf", cwd=tmp_path)
-    assert_one_line_error(result, "--only: 'llama-hf' matches none of the tasks decode times (ptb, hf-llama, mt)")
+    assert_one_line_error(result, "--only: 'llama-hf' matches none of the tasks decode times (ptb, hf-llama, mt, mqar)")
 
 
 def test_the_hf_runs_are_the_recipe_with_each_part_and_the_control_without_transfer(tmp_path):
