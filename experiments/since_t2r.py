@@ -246,35 +246,45 @@ def rows_of(study_out: str, out: str, size: dict) -> list:
 # The decoding probe: each recipe's speed and state, measured on its first seed's weights
 
 MINUTES = "Train minutes: one run's finetuning (or the teacher's training), the mean over the recipe's seeds."
-DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 3  # a block-long prompt, then greedy steps; median of passes
+DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 5  # a block-long prompt, then greedy steps; median of passes
 HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 positions it was trained on
 MQAR_DECODE = (128, 128)  # MQAR's: within the 256 positions of a sequence of 64 pairs
 
 
 @torch.no_grad()
-def measure_decoding(model_pt: str, length: int = DECODE_PROMPT, new: int = DECODE_TOKENS) -> dict:
-    """decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new` tokens (the steps
-    alone timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes, and the bytes of the
-    state after the prompt and the new tokens (a KV cache grows; a T2R state does not)."""
-    from generate import traits
+def measure_decoding(model_pts: list, length: int = DECODE_PROMPT, new: int = DECODE_TOKENS) -> list:
+    """Each model's decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new`
+    tokens (the steps alone timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes after
+    an untimed one, and the bytes of the state after the prompt and the new tokens (a KV cache grows; a T2R state does
+    not). The models take turns, a pass each, so that the machine's drift falls on every row alike: timed one after
+    another, a row's figure moved by up to 20% between runs of the stage on the 2-core machine."""
     from layers.states import state_bytes
+    from t2r import PREFILL_CHUNK
+    loaded = [decoding_setup(model_pt, length) for model_pt in model_pts]
+    rates, sizes = [[] for _ in loaded], [0] * len(loaded)
+    for counter in range(1 + DECODE_PASSES):  # the first pass warms the kernels and the allocator up: untimed
+        for i, (model, decoder, prompt) in enumerate(loaded):
+            logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
+            start = time.perf_counter()
+            for _ in range(new):
+                logits, state = decoder.step(logits.argmax(-1), state)
+            rates[i] += [new / (time.perf_counter() - start)] if counter else []
+            sizes[i] = state_bytes(state)
+    return [{"tokens_per_s": statistics.median(found), "tokens_per_s_passes": found, "state_bytes": size,
+             "prompt": length, "new_tokens": new, "threads": torch.get_num_threads()}
+            for found, size in zip(rates, sizes)]
+
+
+def decoding_setup(model_pt: str, length: int) -> tuple:
+    """The model (for inference, as generate.py builds it), what steps it, and the prompt."""
+    from generate import traits
     from support.checkpoints import load_checkpoint, model_from_checkpoint
     from support.fast_step import eager_decoder
     from support.inference import inference_model
-    from t2r import PREFILL_CHUNK
     model = inference_model(model_from_checkpoint(load_checkpoint(model_pt), model_pt).eval())
     decoder = model if traits(model).own_step else eager_decoder(model)  # what generate.py's --step eager runs
     prompt = torch.randint(model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
-    rates = []
-    for _ in range(DECODE_PASSES):
-        logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
-        start = time.perf_counter()
-        for _ in range(new):
-            logits, state = decoder.step(logits.argmax(-1), state)
-        rates.append(new / (time.perf_counter() - start))
-    return {"tokens_per_s": sorted(rates)[len(rates) // 2], "tokens_per_s_passes": rates,
-            "state_bytes": state_bytes(state), "prompt": length, "new_tokens": new,
-            "threads": torch.get_num_threads()}
+    return model, decoder, prompt
 
 
 MT_STATE_TOKENS = 64  # a translator's state is counted for one sentence after this many target tokens
@@ -307,27 +317,35 @@ def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
     """decode.json into each recipe's first-seed run (and its record), where its weights are here: PTB's, the hf:
     Llama's, the translator's, then MQAR's; of the tasks whose name (ptb, hf-llama, mt, mqar) matches `tasks`, so that
     one task's rows can be timed again together, on one machine on one day."""
-    from experiments.records import machine
-    from support.runtime import write_json
     hf = [(run, "since") for run in hf_runs(os.path.join(ROOT, "out", "hf-recipe"), out)]
     mt = [(run, "since") for run in mt_runs(out, MT_SIZES["full"])[1:]]  # the teacher's row reads no speed
+    runs = []
     for run, owner in rows_of(study_out, out, size) + hf + mt:
         if run.row["seed"] != (MT_SEED if run.row["task"] == "mt" else 1) or not re.search(tasks, run.row["task"]):
             continue
         model_pt = os.path.join(run.out_dir, "model.pt")
-        if not os.path.isfile(model_pt):
-            print(f"{run.name}: no weights here ({model_pt}): not measured")
-            continue
-        if run.row["task"] == "mt":
-            found = measure_translation(run.out_dir)
+        if os.path.isfile(model_pt):
+            runs.append((run, owner, model_pt))
         else:
-            found = measure_decoding(model_pt, *(HF_DECODE if run.row["task"] == "hf-llama" else ()))
-        write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
-        records_of(owner, study_out, out).keep(run)
-        print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
-              flush=True)
+            print(f"{run.name}: no weights here ({model_pt}): not measured")
+    for task, lengths in (("ptb", ()), ("hf-llama", HF_DECODE)):
+        mine = [(run, owner) for run, owner, _ in runs if run.row["task"] == task]
+        found = measure_decoding([model_pt for run, _, model_pt in runs if run.row["task"] == task], *lengths)
+        for (run, owner), decoded in zip(mine, found):
+            keep_decoding(run, owner, decoded, study_out, out)
+    for run, owner, _ in [r for r in runs if r[0].row["task"] == "mt"]:
+        keep_decoding(run, owner, measure_translation(run.out_dir), study_out, out)
     if re.search(tasks, "mqar"):
         probe_mqar_decoding(out)
+
+
+def keep_decoding(run, owner: str, found: dict, study_out: str, out: str):
+    from experiments.records import machine
+    from support.runtime import write_json
+    write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
+    records_of(owner, study_out, out).keep(run)
+    print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
+          flush=True)
 
 
 def probe_mqar_decoding(out: str):
@@ -336,14 +354,14 @@ def probe_mqar_decoding(out: str):
     from experiments.records import machine
     from support.runtime import write_json
     records = os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
-    for run in [r for r in mqar_runs() if r.model in MQAR_RECIPES and not re.search(r"-seed\d+$", r.name)]:
-        model_pt = os.path.join(mqar.folder_of(run, os.path.join(out, "mqar")), "model.pt")
-        if not os.path.isfile(model_pt):
-            print(f"mqar {run.name}: no weights here ({model_pt}): not measured")
-            continue
-        found = {**measure_decoding(model_pt, *MQAR_DECODE), **machine()}
-        for folder in (os.path.dirname(model_pt), mqar.folder_of(run, records)):
-            write_json(os.path.join(folder, "decode.json"), found)
+    runs = [r for r in mqar_runs() if r.model in MQAR_RECIPES and not re.search(r"-seed\d+$", r.name)]
+    model_pts = {run.name: os.path.join(mqar.folder_of(run, os.path.join(out, "mqar")), "model.pt") for run in runs}
+    for run in [run for run in runs if not os.path.isfile(model_pts[run.name])]:
+        print(f"mqar {run.name}: no weights here ({model_pts[run.name]}): not measured")
+    runs = [run for run in runs if os.path.isfile(model_pts[run.name])]
+    for run, found in zip(runs, measure_decoding([model_pts[run.name] for run in runs], *MQAR_DECODE)):
+        for folder in (os.path.dirname(model_pts[run.name]), mqar.folder_of(run, records)):
+            write_json(os.path.join(folder, "decode.json"), {**found, **machine()})
         print(f"mqar {run.model}: {found['tokens_per_s']:.0f} tokens/s", flush=True)
 
 
@@ -645,7 +663,7 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
               f"recipe, T2R's k = {MAIN_K}), once for each seed; the softmax control is the teacher finetuned as long, "
               "unchanged. Test perplexity: the mean of the seeds, their SD. Decoding: greedy tokens/s at batch 1 after "
               f"a {DECODE_PROMPT}-token prompt read by prefill ({DECODE_TOKENS} steps, the median of {DECODE_PASSES} "
-              f"passes, on the first seed's weights), and the state's bytes then. {MINUTES} "
+              f"passes after an untimed one, the recipes taking turns, on the first seed's weights), and the state's bytes then. {MINUTES} "
               f"Trained on: {machines(folders)}.", "",
               "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
               "| train minutes |",

@@ -267,3 +267,24 @@ def test_the_readme_quotes_the_pages_summary():
         readme = f.read()
     assert summary and all(line.startswith("- ") and line in readme for line in summary), \
         "the README's since-T2R lines are the page's summary: copy them from results/since_t2r.md"
+
+
+def test_the_decoding_probe_times_each_model_in_turn_and_counts_its_state(tmp_path):
+    """measure_decoding: a row per model, in the order given, DECODE_PASSES timed passes each, and the bytes of the
+    state after the prompt and the new tokens: a KV cache's grows with them, a T2R state's does not."""
+    from conftest import lm_config, make
+    from layers.states import state_bytes
+    from t2r import TransformerLM, fold
+    paths = []
+    for kind in ("softmax", "t2r"):
+        model = make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32)
+        paths.append(str(tmp_path / f"{kind}.pt"))
+        torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, paths[-1])
+    softmax, t2r = since_t2r.measure_decoding(paths, length=6, new=4)
+    for found, kind in ((softmax, "softmax"), (t2r, "t2r")):
+        model = fold(make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32).eval())
+        state = model.init_state(1)
+        model.prefill(torch.zeros(1, 10, dtype=torch.long), state)
+        assert found["state_bytes"] == state_bytes(state) and (found["prompt"], found["new_tokens"]) == (6, 4)
+        assert len(found["tokens_per_s_passes"]) == since_t2r.DECODE_PASSES and found["tokens_per_s"] > 0
+    assert softmax["state_bytes"] > t2r["state_bytes"]
