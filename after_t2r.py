@@ -369,6 +369,8 @@ class ConvGroupedDecayingAttention(ConvInput, GroupedDecayingAttention):
     pass
 
 
+CONVOLVED = {ConvSoftmaxAttention: SoftmaxAttention, ConvLinearAttention: LinearAttention,  # an ungrouped layer above:
+             ConvDecayingAttention: DecayingAttention}  # the attention after its convolution (support/fast_step.py's)
 CONV_LINEAR = {(False, False): ConvLinearAttention, (False, True): ConvDecayingAttention,  # by (grouped, decay)
                (True, False): ConvGroupedLinearAttention, (True, True): ConvGroupedDecayingAttention}
 

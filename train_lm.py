@@ -32,11 +32,12 @@ from support.checkpoints import model_from_checkpoint
 from support.configs import build_model, config_of, feature_sizes
 from support.choose_layers import chosen_softmax_layers
 from support.distill import DistilledFrom
-from support.flags import (TEACHER_RESULTS, add_data_flags, add_model_flags, add_run_flags, adopt_defaults,
-                           adopt_saved_run, apply_preset, resolve_run_flags)
-from support.job import (announce_conversion, check_teacher, check_training_fits, conversion_errors, finetuning,
-                         freeze_feature_maps, load_teacher, meta_twin, model_name, needs_teacher, new_model,
-                         print_conversion_table, print_flags, processes, student_build, teacher_run_args, trained_on)
+from support.flags import (add_data_flags, add_model_flags, add_run_flags, adopt_defaults, adopt_saved_run,
+                           apply_preset, resolve_run_flags)
+from support.job import (TEACHER_RESULTS, announce_conversion, check_teacher, check_training_fits, conversion_errors,
+                         finetuning, freeze_feature_maps, load_teacher, meta_twin, model_name, needs_teacher,
+                         new_model, print_conversion_table, print_flags, processes, student_build, teacher_run_args,
+                         trained_on)
 from support.run_files import data_identity, evaluate_finished, open_finished, open_run
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fraction, increasing_ints,
                              non_negative_int, positive_int, run_main, unit_interval, write_json)

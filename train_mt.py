@@ -28,10 +28,10 @@ from support.choose_layers import chosen_softmax_layers
 from support.distill import DistilledFrom
 from support.flags import (add_data_flags, add_model_flags, add_run_flags, adopt_saved_run, apply_preset,
                            resolve_run_flags)
+from support.inference import inference_model
 from support.job import (announce_conversion, check_teacher, check_training_fits, finetuning, load_teacher, meta_twin,
                          model_name, needs_teacher, new_model, print_conversion_table, print_flags, processes,
                          student_build, teacher_run_args, trained_on)
-from support.inference import inference_model
 from support.mt_data import PAD_ID
 from support.runtime import (Parser, UserError, all_reduce_sum, autocast_context, fingerprint, fraction,
                              non_negative_int, positive_int, run_main)

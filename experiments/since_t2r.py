@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from experiments.probes import MAIN_K
+from experiments.probes import MAIN_K, SPEED_PASSES
 from experiments.records import Records
 from experiments.runs import ROOT, Run, read_json, shorten
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_LR, MT_SIZES
@@ -245,7 +245,8 @@ def rows_of(study_out: str, out: str, size: dict) -> list:
 # -----------------------------------------------------------------------------
 # The decoding probe: each recipe's speed and state, measured on its first seed's weights
 
-MINUTES = "Train minutes: one run's finetuning (or the teacher's training), the mean over the recipe's seeds."
+TRAIN_MINUTES_NOTE = ("Train minutes: one run's finetuning (or the teacher's training), wall minutes with other "
+                      "runs beside it on the 2 cores, the mean over its seeds.")
 DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 5  # a block-long prompt, then greedy steps; median of passes
 HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 positions it was trained on
 MQAR_DECODE = (128, 128)  # MQAR's: within the 256 positions of a sequence of 64 pairs
@@ -262,13 +263,14 @@ def measure_decoding(model_pts: list, length: int = DECODE_PROMPT, new: int = DE
     from t2r import PREFILL_CHUNK
     loaded = [decoding_setup(model_pt, length) for model_pt in model_pts]
     rates, sizes = [[] for _ in loaded], [0] * len(loaded)
-    for counter in range(1 + DECODE_PASSES):  # the first pass warms the kernels and the allocator up: untimed
+    for timed in [False] + [True] * DECODE_PASSES:  # the first pass warms the kernels and the allocator up
         for i, (model, decoder, prompt) in enumerate(loaded):
             logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
             start = time.perf_counter()
             for _ in range(new):
                 logits, state = decoder.step(logits.argmax(-1), state)
-            rates[i] += [new / (time.perf_counter() - start)] if counter else []
+            if timed:
+                rates[i].append(new / (time.perf_counter() - start))
             sizes[i] = state_bytes(state)
     return [{"tokens_per_s": statistics.median(found), "tokens_per_s_passes": found, "state_bytes": size,
              "prompt": length, "new_tokens": new, "threads": torch.get_num_threads()}
@@ -295,7 +297,7 @@ def measure_translation(out_dir: str) -> dict:
     """decode.json of a translator: greedy tokens/s at batch 16 on its test sentences (the study's speed probe,
     translate.measure_run), and the bytes of one sentence's decoder state (the cross-attention's of its first test
     sentence, and the self-attention's after MT_STATE_TOKENS steps: a KV cache grows, a T2R state does not)."""
-    from experiments.probes import SPEED_BATCH, SPEED_PASSES
+    from experiments.probes import SPEED_BATCH
     from layers.states import state_bytes
     from support import mt_data
     from support.fast_step import eager_decoder
@@ -329,40 +331,41 @@ def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
         else:
             print(f"{run.name}: no weights here ({model_pt}): not measured")
     for task, lengths in (("ptb", ()), ("hf-llama", HF_DECODE)):
-        mine = [(run, owner) for run, owner, _ in runs if run.row["task"] == task]
-        found = measure_decoding([model_pt for run, _, model_pt in runs if run.row["task"] == task], *lengths)
-        for (run, owner), decoded in zip(mine, found):
+        mine = [(run, owner, model_pt) for run, owner, model_pt in runs if run.row["task"] == task]
+        found = measure_decoding([model_pt for *_, model_pt in mine], *lengths)
+        for (run, owner, _), decoded in zip(mine, found, strict=True):
             keep_decoding(run, owner, decoded, study_out, out)
-    for run, owner, _ in [r for r in runs if r[0].row["task"] == "mt"]:
+    for run, owner, _ in [r for r in runs if r[0].row["task"] == "mt"]:  # one after another: a pass takes ~15 s
         keep_decoding(run, owner, measure_translation(run.out_dir), study_out, out)
     if re.search(tasks, "mqar"):
         probe_mqar_decoding(out)
 
 
 def keep_decoding(run, owner: str, found: dict, study_out: str, out: str):
+    """A measurement into the run's decode.json, then into its record (the study's or this study's)."""
+    write_decoding([run.out_dir], found, run.row["recipe"])
+    records_of(owner, study_out, out).keep(run)
+
+
+def write_decoding(folders: list, found: dict, name: str):  # decode.json, with the machine and date, in each folder
     from experiments.records import machine
     from support.runtime import write_json
-    write_json(os.path.join(run.out_dir, "decode.json"), {**found, **machine()})
-    records_of(owner, study_out, out).keep(run)
-    print(f"{run.row['recipe']}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes",
-          flush=True)
+    for folder in folders:
+        write_json(os.path.join(folder, "decode.json"), {**found, **machine()})
+    print(f"{name}: {found['tokens_per_s']:.0f} tokens/s, state {found['state_bytes']:,} bytes", flush=True)
 
 
 def probe_mqar_decoding(out: str):
     """decode.json of each MQAR recipe's first seed (its 600-step run), into its folder and its record's."""
     from experiments import mqar
-    from experiments.records import machine
-    from support.runtime import write_json
     records = os.path.join(ROOT, "results", "runs", "since_t2r", "mqar")
     runs = [r for r in mqar_runs() if r.model in MQAR_RECIPES and not re.search(r"-seed\d+$", r.name)]
     model_pts = {run.name: os.path.join(mqar.folder_of(run, os.path.join(out, "mqar")), "model.pt") for run in runs}
     for run in [run for run in runs if not os.path.isfile(model_pts[run.name])]:
         print(f"mqar {run.name}: no weights here ({model_pts[run.name]}): not measured")
     runs = [run for run in runs if os.path.isfile(model_pts[run.name])]
-    for run, found in zip(runs, measure_decoding([model_pts[run.name] for run in runs], *MQAR_DECODE)):
-        for folder in (os.path.dirname(model_pts[run.name]), mqar.folder_of(run, records)):
-            write_json(os.path.join(folder, "decode.json"), {**found, **machine()})
-        print(f"mqar {run.model}: {found['tokens_per_s']:.0f} tokens/s", flush=True)
+    for run, found in zip(runs, measure_decoding([model_pts[run.name] for run in runs], *MQAR_DECODE), strict=True):
+        write_decoding([os.path.dirname(model_pts[run.name]), mqar.folder_of(run, records)], found, f"mqar {run.model}")
 
 
 def records_of(owner: str, study_out: str, out: str) -> Records:
@@ -663,7 +666,8 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
               f"recipe, T2R's k = {MAIN_K}), once for each seed; the softmax control is the teacher finetuned as long, "
               "unchanged. Test perplexity: the mean of the seeds, their SD. Decoding: greedy tokens/s at batch 1 after "
               f"a {DECODE_PROMPT}-token prompt read by prefill ({DECODE_TOKENS} steps, the median of {DECODE_PASSES} "
-              f"passes after an untimed one, the recipes taking turns, on the first seed's weights), and the state's bytes then. {MINUTES} "
+              f"passes after an untimed one, the recipes taking turns, on the first seed's weights), and the state's "
+              f"bytes then. {TRAIN_MINUTES_NOTE} "
               f"Trained on: {machines(folders)}.", "",
               "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
               "| train minutes |",
@@ -729,8 +733,9 @@ def mt_lines(rows: list) -> list:
              "the parts and the chosen layer are "
              "the decoder's causal attention's; the control trains the teacher on as long, softmax. Test BLEU: "
              "detokenized SacreBLEU, beam 5. Decoding: greedy tokens/s at batch 16 on the test sentences (the "
-             "study's speed probe, the median of 3 passes), and one sentence's decoder state after "
-             f"{MT_STATE_TOKENS} target tokens, cross attention included. {MINUTES} "
+             f"study's speed probe, the median of {SPEED_PASSES} passes, the recipes one after another), and one "
+             "sentence's decoder state after "
+             f"{MT_STATE_TOKENS} target tokens, cross attention included. {TRAIN_MINUTES_NOTE} "
              f"Trained on: {machines([os.path.join(ROOT, f) for r in mt for f in r['runs'].split()])}.", "",
              "| recipe | softmax layers | test BLEU | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
              "| train minutes |",
@@ -774,7 +779,7 @@ def hf_lines(rows: list) -> list:
              "trained on as long, softmax. Trained on: "
              f"{machines([os.path.join(ROOT, f) for r in hf for f in r['runs'].split()])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
-             f"was trained on). {MINUTES}", "",
+             f"was trained on). {TRAIN_MINUTES_NOTE}", "",
              "| recipe | softmax layers | test ppl | seeds | vs teacher | vs control | state bytes | tokens/s "
              "| train minutes |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -798,7 +803,7 @@ def mqar_lines(rows: list) -> list:
              "recall on the same fixed test sequences, the state's bytes after the sequence. The layer kept softmax "
              "by the paper's placement is every 2nd: of 2 layers, every 4th would keep none. Decoding as PTB's, "
              f"after a {MQAR_DECODE[0]}-token prompt, {MQAR_DECODE[1]} steps (a 64-pair sequence's length). "
-             f"{MINUTES} Trained on: "
+             f"{TRAIN_MINUTES_NOTE} Trained on: "
              f"{machines(sorted({os.path.join(ROOT, f) for r in mq for f in r['runs'].split()}))}.", "",
              "| recipe | softmax layers | recall, 8 pairs | recall, 64 pairs | seeds | state bytes at 64 pairs "
              "| tokens/s | train minutes |",
@@ -881,7 +886,7 @@ def main(argv=None):
     p.add_argument("--jobs", type=positive_int, default=1, help="runs at a time, each with its share of the cores")
     p.add_argument("--only", type=pattern, default="", help="--stage mqar: the recipes whose name matches this "
                    "regular expression (after the teacher), so that two processes can share the runs; --stage "
-                   "decode: the tasks (ptb, hf-llama, mt)")
+                   f"decode: the tasks ({', '.join(DECODED_TASKS)})")
     args = p.parse_args(argv)
     if args.stage == "decode" and not any(re.search(args.only, task) for task in DECODED_TASKS):
         raise UserError(f"--only: {args.only!r} matches none of the tasks decode times ({', '.join(DECODED_TASKS)})")

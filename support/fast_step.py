@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
-from after_t2r import ConvDecayingAttention, ConvLinearAttention, ConvSoftmaxAttention
+from after_t2r import CONVOLVED
 from decay import DecayingAttention
 from families import FamilyBlock, FamilyLM
 from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
@@ -172,10 +172,6 @@ def chain(parts, x):
     return x
 
 
-CONVOLVED = {ConvSoftmaxAttention: SoftmaxAttention, ConvLinearAttention: LinearAttention,  # after_t2r.py's: the
-             ConvDecayingAttention: DecayingAttention}  # short convolution's step, then the attention's (below)
-
-
 def unrolled_attention(attn: nn.Module, stackers: list):
     """t2r.py's attention step (x (B, h), state) -> (B, h), q, k, v (and linear attention's 1) from one product on the
     weights the function stackers gets stacks, after the short convolution's step where the layer has one; a subclass
@@ -183,13 +179,13 @@ def unrolled_attention(attn: nn.Module, stackers: list):
     kind = CONVOLVED.get(type(attn), type(attn))
     if kind not in (SoftmaxAttention, LinearAttention, DecayingAttention):
         return attn.step
-    step = unrolled_attention_of(kind, attn, stackers)
+    step = fused_attention_step(kind, attn, stackers)
     if type(attn) in CONVOLVED:  # ConvInput.step: the last K - 1 inputs in state["conv"]
         return lambda x, state: step(attn.conv.step(x, state["conv"]), state)
     return step
 
 
-def unrolled_attention_of(kind: type, attn: nn.Module, stackers: list):  # kind: attn's class, or the one it convolves
+def fused_attention_step(kind: type, attn: nn.Module, stackers: list):  # kind: attn's class, or what it convolves
     H, out, stacked = attn.n_head, unrolled(attn.out_proj), {}
 
     def stack():  # [q | k | v (| 1)] by head, from the weights as they are now

@@ -20,7 +20,6 @@ from t2r import ATTENTION_KINDS
 # take them from it (a resumed run is the same run: its evaluation, precision and logging included).
 INVOCATION_FLAGS = {"resume", "eval_only", "stop_at", "out_dir", "device",
                     "pretrained_given"}  # no longer written: a run saved before may hold it
-TEACHER_RESULTS = "teacher_results.json"  # a Hugging Face teacher's evaluation, in the student's out_dir
 
 
 def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):

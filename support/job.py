@@ -18,10 +18,13 @@ from after_t2r import conv_student, window_student
 from decay import decay_student
 from support.checkpoints import load_checkpoint
 from support.configs import build_model, config_of, feature_sizes
-from support.flags import INVOCATION_FLAGS, TEACHER_RESULTS
+from support.flags import INVOCATION_FLAGS
 from support.hf import is_hf
 from support.runtime import UserError, check_fits, decoding_kernels, print_config, serializable, setup_distributed
 from t2r import new_tensors
+
+
+TEACHER_RESULTS = "teacher_results.json"  # a Hugging Face teacher's evaluation, in the student's out_dir
 
 
 # -----------------------------------------------------------------------------

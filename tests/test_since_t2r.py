@@ -233,8 +233,9 @@ def test_the_translator_plan_runs_each_recipes_seeds_once_its_first_in_the_folde
 
 
 @pytest.mark.parametrize("only, folders", [("mt", ["since/mt"]), ("ptb", ["since/ptb", "study/lm"]),
-                                           ("hf", ["since/hf-llama"])])  # PTB's T2R row is the study's run
+                                           ("hf", ["since/hf-llama"]), ("mqar", ["since/mqar"])])
 def test_decode_with_only_visits_that_tasks_rows_alone(tmp_path, capsys, only, folders):
+    """Each row it visits is in the task's folders (PTB's T2R row is the study's run)."""
     since_t2r.probe_decoding(str(tmp_path / "study"), str(tmp_path / "since"), LM_SIZES["full"], only)
     lines = capsys.readouterr().out.splitlines()  # no weights in tmp_path: each row it visits says so
     assert lines and all(any(f"{tmp_path / f}{os.sep}" in line for f in folders) for line in lines), lines
@@ -269,9 +270,10 @@ def test_the_readme_quotes_the_pages_summary():
         "the README's since-T2R lines are the page's summary: copy them from results/since_t2r.md"
 
 
-def test_the_decoding_probe_times_each_model_in_turn_and_counts_its_state(tmp_path):
+def test_the_decoding_probe_counts_each_models_state_after_the_prompt_and_the_new_tokens(tmp_path):
     """measure_decoding: a row per model, in the order given, DECODE_PASSES timed passes each, and the bytes of the
-    state after the prompt and the new tokens: a KV cache's grows with them, a T2R state's does not."""
+    state after the prompt and the new tokens: a KV cache's grows with both (its capacity doubles past 16 positions),
+    a T2R state's does not."""
     from conftest import lm_config, make
     from layers.states import state_bytes
     from t2r import TransformerLM, fold
@@ -280,11 +282,38 @@ def test_the_decoding_probe_times_each_model_in_turn_and_counts_its_state(tmp_pa
         model = make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32)
         paths.append(str(tmp_path / f"{kind}.pt"))
         torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, paths[-1])
-    softmax, t2r = since_t2r.measure_decoding(paths, length=6, new=4)
+    softmax, t2r = since_t2r.measure_decoding(paths, length=6, new=12)
     for found, kind in ((softmax, "softmax"), (t2r, "t2r")):
         model = fold(make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32).eval())
-        state = model.init_state(1)
-        model.prefill(torch.zeros(1, 10, dtype=torch.long), state)
-        assert found["state_bytes"] == state_bytes(state) and (found["prompt"], found["new_tokens"]) == (6, 4)
+        logits, state = model.prefill(torch.zeros(1, 6, dtype=torch.long), model.init_state(1))
+        for _ in range(12):
+            logits, state = model.step(logits.argmax(-1), state)
+        assert found["state_bytes"] == state_bytes(state) and (found["prompt"], found["new_tokens"]) == (6, 12)
         assert len(found["tokens_per_s_passes"]) == since_t2r.DECODE_PASSES and found["tokens_per_s"] > 0
     assert softmax["state_bytes"] > t2r["state_bytes"]
+
+
+def test_the_decoding_probes_models_take_turns_a_pass_each(monkeypatch):
+    """So that the machine's drift over a task's minutes falls on every row alike: an untimed round, then
+    DECODE_PASSES rounds, each model one pass a round."""
+    calls = []
+
+    class Logged:  # a model and its decoder: each pass prefills once
+        def __init__(self, name):
+            self.name = name
+
+        def prefill(self, prompt, state, chunk):
+            calls.append(self.name)
+            return torch.zeros(1, 3), state
+
+        def init_state(self, batch_size):
+            return {}
+
+        def step(self, token, state):
+            return torch.zeros(1, 3), state
+
+    monkeypatch.setattr(since_t2r, "decoding_setup", lambda name, length: (Logged(name), Logged(name), None))
+    monkeypatch.setattr("layers.states.state_bytes", lambda state: 0)
+    found = since_t2r.measure_decoding(["a", "b", "c"], length=2, new=2)
+    assert calls == ["a", "b", "c"] * (1 + since_t2r.DECODE_PASSES)
+    assert [len(f["tokens_per_s_passes"]) for f in found] == [since_t2r.DECODE_PASSES] * 3
