@@ -28,6 +28,7 @@ import re
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -257,24 +258,14 @@ def measure_decoding(model_pts: list, length: int = DECODE_PROMPT, new: int = DE
     """Each model's decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new`
     tokens (the steps alone timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes after
     an untimed one, and the bytes of the state after the prompt and the new tokens (a KV cache grows; a T2R state does
-    not). The models take turns, a pass each, so that the machine's drift falls on every row alike: timed one after
-    another, a row's figure moved by up to 20% between runs of the stage on the 2-core machine."""
-    from layers.states import state_bytes
-    from t2r import PREFILL_CHUNK
-    loaded = [decoding_setup(model_pt, length) for model_pt in model_pts]
-    rates, sizes = [[] for _ in loaded], [0] * len(loaded)
-    for timed in [False] + [True] * DECODE_PASSES:  # the first pass warms the kernels and the allocator up
-        for i, (model, decoder, prompt) in enumerate(loaded):
-            logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
-            start = time.perf_counter()
-            for _ in range(new):
-                logits, state = decoder.step(logits.argmax(-1), state)
-            if timed:
-                rates[i].append(new / (time.perf_counter() - start))
-            sizes[i] = state_bytes(state)
-    return [{"tokens_per_s": statistics.median(found), "tokens_per_s_passes": found, "state_bytes": size,
-             "prompt": length, "new_tokens": new, "threads": torch.get_num_threads()}
-            for found, size in zip(rates, sizes)]
+    not). The models take turns, a pass each (bench_tools.alternating), so that the machine's drift falls on every
+    row alike: timed one after another, a row's figure moved by up to 20% between runs of the stage on 2 cores."""
+    from benchmarks.bench_tools import alternating
+    runs = {i: partial(decoding_pass, *decoding_setup(model_pt, length), new) for i, model_pt in enumerate(model_pts)}
+    passes = alternating(runs, 1 + DECODE_PASSES)  # the first round warms the kernels and the allocator up: untimed
+    return [{"tokens_per_s": statistics.median(rate for rate, _ in found[1:]),
+             "tokens_per_s_passes": [rate for rate, _ in found[1:]], "state_bytes": found[-1][1], "prompt": length,
+             "new_tokens": new, "threads": torch.get_num_threads()} for found in passes.values()]
 
 
 def decoding_setup(model_pt: str, length: int) -> tuple:
@@ -289,27 +280,57 @@ def decoding_setup(model_pt: str, length: int) -> tuple:
     return model, decoder, prompt
 
 
+def decoding_pass(model, decoder, prompt, new: int) -> tuple:
+    """The prompt prefilled, then `new` greedy steps: (their tokens/s, the state's bytes after them)."""
+    from layers.states import state_bytes
+    from t2r import PREFILL_CHUNK
+    logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
+    start = time.perf_counter()
+    for _ in range(new):
+        logits, state = decoder.step(logits.argmax(-1), state)
+    return new / (time.perf_counter() - start), state_bytes(state)
+
+
 MT_STATE_TOKENS = 64  # a translator's state is counted for one sentence after this many target tokens
 
 
 @torch.no_grad()
-def measure_translation(out_dir: str) -> dict:
-    """decode.json of a translator: greedy tokens/s at batch 16 on its test sentences (the study's speed probe,
-    translate.measure_run), and the bytes of one sentence's decoder state (the cross-attention's of its first test
-    sentence, and the self-attention's after MT_STATE_TOKENS steps: a KV cache grows, a T2R state does not)."""
+def measure_translations(out_dirs: list) -> list:
+    """Each translator's decode.json: greedy tokens/s at batch 16 on its test sentences (the study's speed probe,
+    translate.decode_speed, with the run's own length limits), the median of SPEED_PASSES passes, the translators
+    taking turns (bench_tools.alternating); and the bytes of one sentence's decoder state (the cross-attention's of
+    its first test sentence, and the self-attention's after MT_STATE_TOKENS steps: a KV cache grows, a T2R state
+    does not)."""
+    from benchmarks.bench_tools import alternating
     from experiments.probes import SPEED_BATCH
+    from translate import decode_speed, load_run
+    cpu, loaded = torch.device("cpu"), {out_dir: load_run(out_dir, torch.device("cpu")) for out_dir in out_dirs}
+
+    def decoding(model, tokenizer, sentences, saved):
+        return lambda: decode_speed(model, tokenizer, sentences, cpu, SPEED_BATCH, 1, saved["max_len_a"],
+                                    saved["max_len_b"], saved.get("lenpen", 0.6))
+    passes = alternating({out_dir: decoding(*loaded[out_dir]) for out_dir in out_dirs}, SPEED_PASSES)
+    found = []
+    for out_dir, runs in passes.items():
+        median = sorted(runs, key=lambda p: p["tokens_per_s"])[len(runs) // 2]
+        found.append({**median, "tokens_per_s_passes": [p["tokens_per_s"] for p in runs],
+                      "state_bytes": translator_state_bytes(out_dir), "state_tokens": MT_STATE_TOKENS,
+                      "threads": torch.get_num_threads()})
+    return found
+
+
+@torch.no_grad()
+def translator_state_bytes(out_dir: str) -> int:
     from layers.states import state_bytes
     from support import mt_data
     from support.fast_step import eager_decoder
-    from translate import load_run, measure_run, started
-    found = measure_run(out_dir, torch.device("cpu"), SPEED_BATCH, SPEED_PASSES)
+    from translate import load_run, started
     model, tokenizer, sentences, _ = load_run(out_dir, torch.device("cpu"), 1)
     decoder = eager_decoder(model)  # as translate.py decodes
     logits, state = started(decoder, mt_data.pad(mt_data.encode(tokenizer, sentences)), [])
     for _ in range(MT_STATE_TOKENS - 1):
         logits, state = decoder.step(logits.argmax(-1), state)
-    return {**found, "state_bytes": state_bytes(state), "state_tokens": MT_STATE_TOKENS,
-            "threads": torch.get_num_threads()}
+    return state_bytes(state)
 
 
 DECODED_TASKS = ("ptb", "hf-llama", "mt", "mqar")  # what --stage decode times, in its order
@@ -335,8 +356,9 @@ def probe_decoding(study_out: str, out: str, size: dict, tasks: str = ""):
         found = measure_decoding([model_pt for *_, model_pt in mine], *lengths)
         for (run, owner, _), decoded in zip(mine, found, strict=True):
             keep_decoding(run, owner, decoded, study_out, out)
-    for run, owner, _ in [r for r in runs if r[0].row["task"] == "mt"]:  # one after another: a pass takes ~15 s
-        keep_decoding(run, owner, measure_translation(run.out_dir), study_out, out)
+    mine = [(run, owner) for run, owner, _ in runs if run.row["task"] == "mt"]
+    for (run, owner), decoded in zip(mine, measure_translations([run.out_dir for run, _ in mine]), strict=True):
+        keep_decoding(run, owner, decoded, study_out, out)
     if re.search(tasks, "mqar"):
         probe_mqar_decoding(out)
 
@@ -733,7 +755,7 @@ def mt_lines(rows: list) -> list:
              "the parts and the chosen layer are "
              "the decoder's causal attention's; the control trains the teacher on as long, softmax. Test BLEU: "
              "detokenized SacreBLEU, beam 5. Decoding: greedy tokens/s at batch 16 on the test sentences (the "
-             f"study's speed probe, the median of {SPEED_PASSES} passes, the recipes one after another), and one "
+             f"study's speed probe, the median of {SPEED_PASSES} passes, the recipes taking turns), and one "
              "sentence's decoder state after "
              f"{MT_STATE_TOKENS} target tokens, cross attention included. {TRAIN_MINUTES_NOTE} "
              f"Trained on: {machines([os.path.join(ROOT, f) for r in mt for f in r['runs'].split()])}.", "",

@@ -69,8 +69,9 @@ def test_a_translators_decoding_record_counts_one_sentences_state(trained_transl
     found = {}
     for tokens in (8, 40):
         monkeypatch.setattr(since_t2r, "MT_STATE_TOKENS", tokens)
-        found[tokens] = {kind: since_t2r.measure_translation(str(tmp / "out" / f"mt-toy-en-de-{kind}"))
-                         for kind in ("t2r-pretrained", "softmax-random")}
+        kinds = ("t2r-pretrained", "softmax-random")
+        found[tokens] = dict(zip(kinds, since_t2r.measure_translations([str(tmp / "out" / f"mt-toy-en-de-{kind}")
+                                                                         for kind in kinds])))
         assert found[tokens]["t2r-pretrained"]["state_bytes"] == \
             n_layer * heads * (k * head_size + k + k_cross * head_size + k_cross) * 4
     assert found[40]["softmax-random"]["state_bytes"] > found[8]["softmax-random"]["state_bytes"]
@@ -295,7 +296,7 @@ def test_the_decoding_probe_counts_each_models_state_after_the_prompt_and_the_ne
 
 def test_the_decoding_probes_models_take_turns_a_pass_each(monkeypatch):
     """So that the machine's drift over a task's minutes falls on every row alike: an untimed round, then
-    DECODE_PASSES rounds, each model one pass a round."""
+    DECODE_PASSES rounds, each model one pass a round, the order reversed every other round."""
     calls = []
 
     class Logged:  # a model and its decoder: each pass prefills once
@@ -315,5 +316,6 @@ def test_the_decoding_probes_models_take_turns_a_pass_each(monkeypatch):
     monkeypatch.setattr(since_t2r, "decoding_setup", lambda name, length: (Logged(name), Logged(name), None))
     monkeypatch.setattr("layers.states.state_bytes", lambda state: 0)
     found = since_t2r.measure_decoding(["a", "b", "c"], length=2, new=2)
-    assert calls == ["a", "b", "c"] * (1 + since_t2r.DECODE_PASSES)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]  # forward, then backward: none always first
+    assert rounds == [["a", "b", "c"][::-1 if r % 2 else 1] for r in range(1 + since_t2r.DECODE_PASSES)]
     assert [len(f["tokens_per_s_passes"]) for f in found] == [since_t2r.DECODE_PASSES] * 3
