@@ -28,10 +28,9 @@ import re
 import statistics
 import time
 from dataclasses import replace
-from functools import partial
 
-import torch
-
+from experiments.decoding import (DECODE_PASSES, DECODE_PROMPT, DECODE_TOKENS, MT_STATE_TOKENS, measure_decoding,
+                                  measure_translations)
 from experiments.probes import MAIN_K, SPEED_PASSES
 from experiments.records import Records
 from experiments.runs import ROOT, Run, read_json, shorten
@@ -244,95 +243,10 @@ def rows_of(study_out: str, out: str, size: dict) -> list:
 
 
 # -----------------------------------------------------------------------------
-# The decoding probe: each recipe's speed and state, measured on its first seed's weights
+# The decoding probe: each recipe's speed and state, measured on its first seed's weights (experiments/decoding.py)
 
-TRAIN_MINUTES_NOTE = ("Train minutes: one run's finetuning (or the teacher's training), wall minutes with other "
-                      "runs beside it on the 2 cores, the mean over its seeds.")
-DECODE_PROMPT, DECODE_TOKENS, DECODE_PASSES = 512, 256, 5  # a block-long prompt, then greedy steps; median of passes
 HF_DECODE = (128, 128)  # the hf: Llama's prompt and new tokens: within the 256 positions it was trained on
 MQAR_DECODE = (128, 128)  # MQAR's: within the 256 positions of a sequence of 64 pairs
-
-
-@torch.no_grad()
-def measure_decoding(model_pts: list, length: int = DECODE_PROMPT, new: int = DECODE_TOKENS) -> list:
-    """Each model's decode.json: greedy tokens/s at batch 1 after a `length`-token prompt read by prefill, `new`
-    tokens (the steps alone timed, each pass's prompt the same random ids), the median of DECODE_PASSES passes after
-    an untimed one, and the bytes of the state after the prompt and the new tokens (a KV cache grows; a T2R state does
-    not). The models take turns, a pass each (bench_tools.alternating), so that the machine's drift falls on every
-    row alike: timed one after another, a row's figure moved by up to 20% between runs of the stage on 2 cores."""
-    from benchmarks.bench_tools import alternating
-    runs = {i: partial(decoding_pass, *decoding_setup(model_pt, length), new) for i, model_pt in enumerate(model_pts)}
-    passes = alternating(runs, 1 + DECODE_PASSES)  # the first round warms the kernels and the allocator up: untimed
-    return [{"tokens_per_s": statistics.median(rate for rate, _ in found[1:]),
-             "tokens_per_s_passes": [rate for rate, _ in found[1:]], "state_bytes": found[-1][1], "prompt": length,
-             "new_tokens": new, "threads": torch.get_num_threads()} for found in passes.values()]
-
-
-def decoding_setup(model_pt: str, length: int) -> tuple:
-    """The model (for inference, as generate.py builds it), what steps it, and the prompt."""
-    from generate import traits
-    from support.checkpoints import load_checkpoint, model_from_checkpoint
-    from support.fast_step import eager_decoder
-    from support.inference import inference_model
-    model = inference_model(model_from_checkpoint(load_checkpoint(model_pt), model_pt).eval())
-    decoder = model if traits(model).own_step else eager_decoder(model)  # what generate.py's --step eager runs
-    prompt = torch.randint(model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
-    return model, decoder, prompt
-
-
-def decoding_pass(model, decoder, prompt, new: int) -> tuple:
-    """The prompt prefilled, then `new` greedy steps: (their tokens/s, the state's bytes after them)."""
-    from layers.states import state_bytes
-    from t2r import PREFILL_CHUNK
-    logits, state = model.prefill(prompt, decoder.init_state(1), chunk=PREFILL_CHUNK)
-    start = time.perf_counter()
-    for _ in range(new):
-        logits, state = decoder.step(logits.argmax(-1), state)
-    return new / (time.perf_counter() - start), state_bytes(state)
-
-
-MT_STATE_TOKENS = 64  # a translator's state is counted for one sentence after this many target tokens
-
-
-@torch.no_grad()
-def measure_translations(out_dirs: list) -> list:
-    """Each translator's decode.json: greedy tokens/s at batch 16 on its test sentences (the study's speed probe,
-    translate.decode_speed, with the run's own length limits), the median of SPEED_PASSES passes, the translators
-    taking turns (bench_tools.alternating); and the bytes of one sentence's decoder state (the cross-attention's of
-    its first test sentence, and the self-attention's after MT_STATE_TOKENS steps: a KV cache grows, a T2R state
-    does not)."""
-    from benchmarks.bench_tools import alternating
-    from experiments.probes import SPEED_BATCH
-    from translate import decode_speed, load_run
-    cpu, loaded = torch.device("cpu"), {out_dir: load_run(out_dir, torch.device("cpu")) for out_dir in out_dirs}
-
-    def decoding(model, tokenizer, sentences, saved):
-        return lambda: decode_speed(model, tokenizer, sentences, cpu, SPEED_BATCH, 1, saved["max_len_a"],
-                                    saved["max_len_b"], saved.get("lenpen", 0.6))
-    passes = alternating({out_dir: decoding(*loaded[out_dir]) for out_dir in out_dirs}, SPEED_PASSES)
-    found = []
-    for out_dir, runs in passes.items():
-        median = sorted(runs, key=lambda p: p["tokens_per_s"])[len(runs) // 2]
-        found.append({**median, "tokens_per_s_passes": [p["tokens_per_s"] for p in runs],
-                      "state_bytes": translator_state_bytes(out_dir), "state_tokens": MT_STATE_TOKENS,
-                      "threads": torch.get_num_threads()})
-    return found
-
-
-@torch.no_grad()
-def translator_state_bytes(out_dir: str) -> int:
-    from layers.states import state_bytes
-    from support import mt_data
-    from support.fast_step import eager_decoder
-    from translate import load_run, started
-    model, tokenizer, sentences, _ = load_run(out_dir, torch.device("cpu"), 1)
-    decoder = eager_decoder(model)  # as translate.py decodes
-    logits, state = started(decoder, mt_data.pad(mt_data.encode(tokenizer, sentences)), [])
-    for _ in range(MT_STATE_TOKENS - 1):
-        logits, state = decoder.step(logits.argmax(-1), state)
-    return state_bytes(state)
-
-
 DECODED_TASKS = ("ptb", "hf-llama", "mt", "mqar")  # what --stage decode times, in its order
 
 
@@ -436,6 +350,8 @@ def translates_near_control(all_linear: float, control: float) -> str:
 # -----------------------------------------------------------------------------
 # The table (results/since_t2r.csv, one row a result) and the page (results/since_t2r.md), from the records alone
 
+TRAIN_MINUTES_NOTE = ("Train minutes: one run's finetuning (or the teacher's training), wall minutes with other "
+                      "runs beside it on the 2 cores, the mean over its seeds.")
 COLUMNS = ["task", "recipe", "softmax_layers", "metric", "value", "sd", "seeds", "state_bytes", "decode_tokens_per_s",
            "gap_to_teacher", "gap_to_control", "train_minutes", "trained_on", "runs"]
 

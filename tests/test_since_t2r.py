@@ -13,7 +13,7 @@ import torch
 import train_lm
 from conftest import ROOT, assert_one_line_error, run_in_process
 from decay import DecayingAttention
-from experiments import mqar, since_t2r
+from experiments import decoding, mqar, since_t2r
 from experiments.sizes import LM_SIZES, MQAR_SIZES, MT_SIZES
 
 
@@ -68,9 +68,9 @@ def test_a_translators_decoding_record_counts_one_sentences_state(trained_transl
     n_layer, heads, head_size, k, k_cross = 2, 2, 16, 4, 8  # conftest's MT_TINY
     found = {}
     for tokens in (8, 40):
-        monkeypatch.setattr(since_t2r, "MT_STATE_TOKENS", tokens)
+        monkeypatch.setattr(decoding, "MT_STATE_TOKENS", tokens)
         kinds = ("t2r-pretrained", "softmax-random")
-        found[tokens] = dict(zip(kinds, since_t2r.measure_translations([str(tmp / "out" / f"mt-toy-en-de-{kind}")
+        found[tokens] = dict(zip(kinds, decoding.measure_translations([str(tmp / "out" / f"mt-toy-en-de-{kind}")
                                                                          for kind in kinds])))
         assert found[tokens]["t2r-pretrained"]["state_bytes"] == \
             n_layer * heads * (k * head_size + k + k_cross * head_size + k_cross) * 4
@@ -283,14 +283,14 @@ def test_the_decoding_probe_counts_each_models_state_after_the_prompt_and_the_ne
         model = make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32)
         paths.append(str(tmp_path / f"{kind}.pt"))
         torch.save({"config": model.config.to_dict(), "model": model.state_dict()}, paths[-1])
-    softmax, t2r = since_t2r.measure_decoding(paths, length=6, new=12)
+    softmax, t2r = decoding.measure_decoding(paths, length=6, new=12)
     for found, kind in ((softmax, "softmax"), (t2r, "t2r")):
         model = fold(make(TransformerLM, lm_config(kind, vocab_size=19), torch.float32).eval())
         logits, state = model.prefill(torch.zeros(1, 6, dtype=torch.long), model.init_state(1))
         for _ in range(12):
             logits, state = model.step(logits.argmax(-1), state)
         assert found["state_bytes"] == state_bytes(state) and (found["prompt"], found["new_tokens"]) == (6, 12)
-        assert len(found["tokens_per_s_passes"]) == since_t2r.DECODE_PASSES and found["tokens_per_s"] > 0
+        assert len(found["tokens_per_s_passes"]) == decoding.DECODE_PASSES and found["tokens_per_s"] > 0
     assert softmax["state_bytes"] > t2r["state_bytes"]
 
 
@@ -313,9 +313,9 @@ def test_the_decoding_probes_models_take_turns_a_pass_each(monkeypatch):
         def step(self, token, state):
             return torch.zeros(1, 3), state
 
-    monkeypatch.setattr(since_t2r, "decoding_setup", lambda name, length: (Logged(name), Logged(name), None))
-    monkeypatch.setattr("layers.states.state_bytes", lambda state: 0)
-    found = since_t2r.measure_decoding(["a", "b", "c"], length=2, new=2)
+    monkeypatch.setattr(decoding, "decoding_setup", lambda name, length: (Logged(name), Logged(name), None))
+    monkeypatch.setattr(decoding, "state_bytes", lambda state: 0)
+    found = decoding.measure_decoding(["a", "b", "c"], length=2, new=2)
     rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]  # forward, then backward: none always first
-    assert rounds == [["a", "b", "c"][::-1 if r % 2 else 1] for r in range(1 + since_t2r.DECODE_PASSES)]
-    assert [len(f["tokens_per_s_passes"]) for f in found] == [since_t2r.DECODE_PASSES] * 3
+    assert rounds == [["a", "b", "c"][::-1 if r % 2 else 1] for r in range(1 + decoding.DECODE_PASSES)]
+    assert [len(f["tokens_per_s_passes"]) for f in found] == [decoding.DECODE_PASSES] * 3
