@@ -21,7 +21,8 @@ from after_t2r import CONVOLVED
 from decay import DecayingAttention
 from families import FamilyBlock, FamilyLM
 from layers.states import add_to_state, append_to_cache, full_precision, read_sums, stacked_by_head, widened  # [S | z]
-from t2r import Block, LinearAttention, SoftmaxAttention, TransformerBase, normalize
+from t2r import (Block, FoldedT2RFeatureMap, LinearAttention, SoftmaxAttention, T2RFeatureMap, TransformerBase,
+                 fold_feature_map, normalize)
 
 
 # -----------------------------------------------------------------------------
@@ -75,12 +76,12 @@ class FlatStep:
     read, makes about ten a layer; unrolled and fused, a token takes 0.79 of its time at batch 1 on the default LM
     (results/measurements.md).
     Unrolled: torch's LayerNorm, Linear and ReLU (the MLP, the head), t2r.py's multi-head softmax and linear
-    attention, self and cross, and decay.py's decaying state, after the short convolution's step where a layer has one
-    (after_t2r.py); the embedding and any other attention module (the window's, bench.py's floors) run as modules.
-    Build it from the model as it will decode (folded, on its device, in its dtype): it reads the model's weights
-    (W_q, W_k, W_v stacked at each init_state). Its state is the model's, fused: the model's prefill reads a prompt
-    into it. A model that steps its own way (a family's with rotary positions or grouped heads: a Llama's; SRU++)
-    does not fit: `eager_decoder` gives it its own step."""
+    attention, self and cross, and decay.py's decaying state (folded here, which the layer is not), after the short
+    convolution's step where a layer has one (after_t2r.py); the embedding and any other attention module (the
+    window's, bench.py's floors) run as modules. Build it from the model as it will decode (folded, on its device, in
+    its dtype): it reads the model's weights (W_q, W_k, W_v stacked at each init_state). Its state is the model's,
+    fused: the model's prefill reads a prompt into it. A model that steps its own way (a family's with rotary
+    positions or grouped heads: a Llama's; SRU++) does not fit: `eager_decoder` gives it its own step."""
 
     def __init__(self, model):
         if model.training:
@@ -187,30 +188,50 @@ def unrolled_attention(attn: nn.Module, stackers: list):
 
 def fused_attention_step(kind: type, attn: nn.Module, stackers: list):  # kind: attn's class, or what it convolves
     H, out, stacked = attn.n_head, unrolled(attn.out_proj), {}
+    decays = kind is DecayingAttention  # decay.py's: [S | z] = g_i [S | z] before Eq. 6, g_i from the key's mean
+    folds = decays and isinstance(attn.feature_map, T2RFeatureMap)  # Eq. 8, which decay.py's layer leaves undone
 
-    def stack():  # [q | k | v (| 1)] by head, from the weights as they are now
-        stacked["qkv"] = stacked_by_head((attn.q_proj, attn.k_proj, attn.v_proj), H, kind is not SoftmaxAttention)
+    def stack():  # [q | k | v (| 1)] by head, from the weights as they are now ([q | k | g | v | 1] where it decays)
+        maps = decaying_maps(attn, folds) if decays else (attn.q_proj, attn.k_proj, attn.v_proj)
+        stacked["qkv"] = stacked_by_head(maps, H, kind is not SoftmaxAttention)
     stackers.append(stack)
-    decays = kind is DecayingAttention  # decay.py's: [S | z] = g_i [S | z] before Eq. 6
     if kind is SoftmaxAttention:
         def softmax_step(x, state):  # SoftmaxAttention.step
             q, k, v = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split(attn.d_head, -1)
             return out(F.scaled_dot_product_attention(q, *append_to_cache(state, k, v)).flatten(1))
         return softmax_step
-    w, feature_map = attn.q_proj.out_features // H, attn.feature_map.forward  # w: d, or k once folded
+    w = attn.feature_map.weight.shape[1] if folds else attn.q_proj.out_features // H  # d, or k once folded
+    feature_map = FoldedT2RFeatureMap().forward if folds else attn.feature_map.forward
+    widths = [w, w, 1, attn.d_head + 1] if decays else [w, w, attn.d_head + 1]
 
     def linear_step(x, state):  # LinearAttention.step: Eqs. 6-7 on [S | z] (DecayingAttention.step: decayed first)
-        q, k, v1 = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split([w, w, attn.d_head + 1], -1)
+        q, k, *key_mean, v1 = F.linear(x, *stacked["qkv"]).view(x.shape[0], H, 1, -1).split(widths, -1)
         (fq, fk), Sz = feature_map(q, k), state["Sz"]
         if fk.dtype != Sz.dtype:  # bf16 weights or autocast: the state and its sums in float32
             fq, fk, v1 = widened(fq, fk, v1)
         with full_precision(x.device):
-            if decays:  # the gate g_i (B, H, 1, 1) from the key, in the state's precision
-                Sz.mul_(attn.log_gate(k.to(Sz.dtype)).exp()[..., None])
+            if decays:  # the gate g_i (B, H, 1, 1) from the key's mean (of one entry: itself), in the state's precision
+                Sz.mul_(attn.log_gate(key_mean[0].to(Sz.dtype)).exp()[..., None])
             add_to_state(fk, v1, Sz)  # Eq. 6
             attended = read_state(fq, Sz)  # Eq. 7
         return out(attended.to(x.dtype).flatten(1))
     return linear_step
+
+
+def decaying_maps(attn: DecayingAttention, folds: bool) -> tuple:
+    """decay.py's layer's q, k, the key's mean over its d entries (what the gate reads: a map of its own, the mean of
+    W_k's rows per head) and v, for one product. folds: W_phi merged into W_q and W_k (Eq. 8), which the layer does not
+    do itself, as its gate reads the unfolded key."""
+    H, h = attn.k_proj.out_features // attn.d_head, attn.k_proj.in_features
+    key_mean = nn.Linear(h, H, bias=attn.k_proj.bias is not None, device=attn.k_proj.weight.device,
+                         dtype=attn.k_proj.weight.dtype)
+    key_mean.weight.data.copy_(attn.k_proj.weight.detach().view(H, -1, h).mean(1))
+    if attn.k_proj.bias is not None:
+        key_mean.bias.data.copy_(attn.k_proj.bias.detach().view(H, -1).mean(1))
+    layer = copy.deepcopy(attn) if folds else attn
+    if folds:
+        fold_feature_map(layer)
+    return layer.q_proj, layer.k_proj, key_mean, layer.v_proj
 
 
 def unrolled_cross_attention(attn: nn.Module):

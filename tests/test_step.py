@@ -32,6 +32,7 @@ LM_CASES = {
                              scale_embedding=False, fold=True),
     "adaptive input and softmax": dict(attn="t2r", adaptive_cutoffs=[20, 40], fold=True),
     "t2r decaying": dict(attn="t2r", decay=True),
+    "elu decaying": dict(attn="elu", decay=True),
     "softmax below t2r decaying": dict(attn=["softmax", "t2r"], decay=True),
     "t2r short conv": dict(attn="t2r", short_conv=3),
     "t2r short conv folded": dict(attn="t2r", short_conv=3, fold=True),
