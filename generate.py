@@ -208,7 +208,9 @@ def get_args(argv=None):
                    "model's prefill); step, a step a token (prefill_by_steps, the reference, to compare)")
     p.add_argument("--prefill_chunk", type=positive_int, default=PREFILL_CHUNK,
                    help="--prefill parallel reads a longer prompt in pieces of this many tokens (bounded memory)")
-    p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied)")
+    p.add_argument("--no_fold", action="store_true", help="keep the T2R feature map separate (Eq. 8 not applied; "
+                   "the fast step still folds a copy of decay.py's layers, which never fold themselves: --step model "
+                   "for none)")
     p.add_argument("--check", action="store_true", help="compare the generation logits with one parallel pass")
     p.add_argument("--device", type=device_name, default="auto", help="auto, cpu, cuda, mps")
     args = p.parse_args(argv)

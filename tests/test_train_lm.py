@@ -549,6 +549,8 @@ def test_generate_keeps_the_vocabulary_a_model_was_trained_with(run_here, run_on
     earlier = torch.load(run_on_changed_data / "r/model.pt", weights_only=True)
     del earlier["tokenizer"], earlier["checksum_all"]
     torch.save(earlier, tmp_path / "model.pt")
+    # the changed corpus's token cache (any run on it since builds it): what a checkpoint without its tokenizer reads
+    data.prepare(str(run_on_changed_data / "tiny"), cache_dir=str(run_on_changed_data / "data" / "cache"))
     result = run_here("generate.py", "--ckpt", str(tmp_path / "model.pt"), cwd=run_on_changed_data)
     assert_one_line_error(result, "trained on another tokenizer")
 
