@@ -7,6 +7,7 @@ ones: no network.
     python -m pytest -q -s tests/test_hf_llama.py
 """
 
+import copy
 import json
 import shutil
 
@@ -67,8 +68,7 @@ def test_the_llama_is_read_from_its_shards(tiny_llamas):
 def test_bf16_weights_load_into_a_float32_model(tiny_llamas, tmp_path):
     folder, _, reference = tiny_llamas["qwen2"]
     half = tmp_path / "bf16"
-    reference.to(torch.bfloat16).save_pretrained(half)
-    reference.float()
+    copy.deepcopy(reference).to(torch.bfloat16).save_pretrained(half)  # a copy: bf16 and back would round the shared one
     shutil.copy(folder / "tokenizer.json", half / "tokenizer.json")
     ours, exact = hf.load(half), hf.load(folder)
     assert ours.embed.tok.weight.dtype == torch.float32
@@ -349,7 +349,7 @@ def test_a_table_padded_past_the_tokenizer_converts_and_never_samples_the_paddin
     padded = tmp_path / "padded"
     shutil.copytree(folder, padded)
     tokens = reference.config.vocab_size
-    model = transformers.Qwen2ForCausalLM(reference.config)
+    model = transformers.Qwen2ForCausalLM(copy.deepcopy(reference.config))  # resizing writes to its config: a copy
     model.load_state_dict(reference.state_dict())
     model.resize_token_embeddings(tokens + 36)
     model.save_pretrained(padded)
