@@ -329,13 +329,19 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
     for i, run in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {run.name}: {'kept' if kept(run) else state(run)} | "
               f"{' '.join(shorten(c) for c in command(run)[1:])}", flush=True)
-    # started in the background (nohup ... &), a shell hands Python SIGINT ignored: take it back, so that
-    # `kill -INT` stops the study as Ctrl-C does
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C, or `kill -INT` (a study started with `nohup ... &` has SIGINT ignored: taken back here), is noted and
+    # acted on at the loop's next turn, never between a run's start and its entry in `running`: a run started as the
+    # signal came would be left running, unsaved, after the study stopped
+    interrupted = []
+    signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     running = {}  # Popen -> (run, what it does, start time)
     try:
         while todo and not dry_run or running:
+            if interrupted:
+                raise KeyboardInterrupt
             for run in [r for r in todo if ready(r, runs)][:jobs - len(running)]:
+                if interrupted:  # none started after a Ctrl-C
+                    break
                 process, what = start(run, threads)
                 running[process] = (run, what, time.time())
                 todo.remove(run)
@@ -354,6 +360,7 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
     except KeyboardInterrupt:
         raise Interrupted("study interrupted: every run saved its checkpoint; rerun the same command to continue")
     finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops the waiting below
         for process in running:  # on Ctrl-C or a failed run: the others save and stop
             process.send_signal(signal.SIGINT)
             process.wait()

@@ -154,6 +154,23 @@ def test_ctrl_c_reaches_each_running_run_once_and_stops_the_study_in_one_line(tm
         == [1, 1]
 
 
+def test_a_ctrl_c_as_a_run_starts_reaches_that_run_and_starts_no_other(tmp_path, monkeypatch):
+    """The signal lands between a run's start and the study's note of it (as it can on a loaded machine): the run
+    still gets it once and saves, and the next run of the plan is not started."""
+    teacher, _, other = fake_plan(tmp_path, seconds=60)  # each runs until it is interrupted
+    started = study.start
+
+    def start_then_ctrl_c(run, threads):
+        launched = started(run, threads)
+        wait_until(lambda: os.path.exists(os.path.join(run.out_dir, "started")), f"{run.name} to start", launched[0])
+        os.kill(os.getpid(), signal.SIGINT)
+        return launched
+    monkeypatch.setattr(study, "start", start_then_ctrl_c)
+    with pytest.raises(study.Interrupted, match="study interrupted"):
+        study.execute([teacher, other], dry_run=False, jobs=2)
+    assert trace(teacher)["signals"] == 1 and not os.path.exists(other.out_dir)
+
+
 def test_a_teacher_given_more_steps_trains_on_before_its_conversions(tmp_path):
     """A translator's plan may give its finished teacher more steps: the teacher is "shorter" and resumed, and its
     conversion waits for it."""
