@@ -33,48 +33,81 @@ def add_data_flags(p, dataset: str, dataset_help: str, data_dir_help: str):
 def add_model_flags(p, defaults: dict, dropout: float, feature_size: int):
     """The model flags both trainers share; returns their group, for the trainer's own."""
     g = p.add_argument_group("model (ignored with --init pretrained: the teacher's sizes are used)")
-    g.add_argument("--n_layer", type=positive_int, default=None, help=f"(decoder) layers (default {defaults['n_layer']})")
-    g.add_argument("--n_head", type=positive_int, default=None, help=f"attention heads r (default {defaults['n_head']})")
+    g.add_argument("--n_layer", type=positive_int, default=None, help=f"(decoder) layers (default "
+                   f"{defaults['n_layer']})")
+    g.add_argument("--n_head", type=positive_int, default=None, help=f"attention heads r (default "
+                   f"{defaults['n_head']})")
     g.add_argument("--d_model", type=positive_int, default=None, help=f"model width h (default {defaults['d_model']})")
     g.add_argument("--d_ff", type=positive_int, default=None, help=f"feed-forward width (default {defaults['d_ff']})")
-    g.add_argument("--dropout", type=fraction, default=dropout, help="dropout on embeddings, sublayers and the feed-forward layer")
-    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with --init pretrained, where softmax trains the teacher on unchanged: a control)")
-    g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa attention (elu has k = d)")
-    g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear attention in training (0: quadratic form)")
-    g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers attend with softmax to the last W tokens (0: off)")
-    g.add_argument("--decay", action=argparse.BooleanOptionalAction, default=False, help="the causal linear layers' state decays, a gate per head and position from the key and one new number per head (decay.py); with --init pretrained added at the swap, to a Hugging Face model (hf:) too, whose T2R conversion has it by default (train_lm.py's HF_PARTS; --no-decay: without)")
-    g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to the teacher (an hf: one too), as the identity")
+    g.add_argument("--dropout", type=fraction, default=dropout, help="dropout on embeddings, sublayers and the "
+                   "feed-forward layer")
+    g.add_argument("--attn", default=None, choices=ATTENTION_KINDS, help="attention kind (default softmax; t2r with "
+                   "--init pretrained, where softmax trains the teacher on unchanged: a control)")
+    g.add_argument("--feature_size", type=positive_int, default=feature_size, help="k of the (causal) t2r or rfa "
+                   "attention (elu has k = d)")
+    g.add_argument("--chunk_size", type=non_negative_int, default=64, help="chunk length of the causal linear "
+                   "attention in training (0: quadratic form)")
+    g.add_argument("--window", type=non_negative_int, default=0, help="sliding-window hybrid: the linear layers "
+                   "attend with softmax to the last W tokens (0: off)")
+    g.add_argument("--decay", action=argparse.BooleanOptionalAction, default=False, help="the causal linear layers' "
+                   "state decays, a gate per head and position from the key and one new number per head (decay.py); "
+                   "with --init pretrained added at the swap, to a Hugging Face model (hf:) too, whose T2R conversion "
+                   "has it by default (train_lm.py's HF_PARTS; --no-decay: without)")
+    g.add_argument("--short_conv", type=non_negative_int, default=0, help="a depthwise causal convolution of K taps "
+                   "before each causal self-attention (after_t2r.py; 0: off); with --init pretrained it is added to "
+                   "the teacher (an hf: one too), as the identity")
     return g
 
 
 def add_run_flags(p, schedules: dict, weight_decay: float, log_interval: int, eval_interval: int):
     """The flags both trainers share, in three groups; returns the "training" group for the trainer's own."""
     g = p.add_argument_group("initialisation")
-    g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune a trained softmax model")
-    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless flags say otherwise: --transfer_steps 100 and --decay (t2r), --max_steps 600, --lr 1e-3")
-    g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: attention-transfer steps before finetuning, training only the feature maps (and window gates) to imitate softmax")
+    g.add_argument("--init", default="random", choices=["random", "pretrained"], help="random, or swap-then-finetune "
+                   "a trained softmax model")
+    g.add_argument("--pretrained", default=None, help="the softmax model.pt to convert (default: the softmax run's, "
+                   "trained first if missing); train_lm.py also takes hf:NAME, a Hugging Face GPT-2 (gpt2, "
+                   "distilgpt2, gpt2-medium; downloaded), or hf:FOLDER holding its config.json, model.safetensors (or "
+                   "pytorch_model.bin) and tokenizer.json; an hf: model converts with train_lm.py's HF_RECIPE unless "
+                   "flags say otherwise: --transfer_steps 100 and --decay (t2r), --max_steps 600, --lr 1e-3")
+    g.add_argument("--transfer_steps", type=non_negative_int, default=0, help="with --init pretrained: "
+                   "attention-transfer steps before finetuning, training only the feature maps (and window gates) to "
+                   "imitate softmax")
     g.add_argument("--transfer_lr", type=positive_float, default=1e-2, help="peak learning rate of the transfer stage")
-    g.add_argument("--keep_softmax", type=non_negative_int, default=0, help="with --init pretrained: keep softmax the N (decoder) layers whose restoration alone lowers a short distillation loss most, the ranking printed and saved in softmax_layers.json (support/choose_layers.py; 0: none)")
-    g.add_argument("--distill_weight", type=unit_interval, default=0.0, help="with --init pretrained: the finetuning's loss is (1 - w) the task's + w KL(teacher || student) of the next token's distribution, the softmax teacher frozen beside the student (support/distill.py; 0: off)")
+    g.add_argument("--keep_softmax", type=non_negative_int, default=0, help="with --init pretrained: keep softmax the "
+                   "N (decoder) layers whose restoration alone lowers a short distillation loss most, the ranking "
+                   "printed and saved in softmax_layers.json (support/choose_layers.py; 0: none)")
+    g.add_argument("--distill_weight", type=unit_interval, default=0.0, help="with --init pretrained: the "
+                   "finetuning's loss is (1 - w) the task's + w KL(teacher || student) of the next token's "
+                   "distribution, the softmax teacher frozen beside the student (support/distill.py; 0: off)")
     g = p.add_argument_group("training")
     r, f = schedules["random"], schedules["pretrained"]
-    g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} random, {f['max_steps']} pretrained)")
+    g.add_argument("--max_steps", type=positive_int, default=None, help=f"optimizer steps (default {r['max_steps']} "
+                   f"random, {f['max_steps']} pretrained)")
     g.add_argument("--grad_accum", type=positive_int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--lr", type=positive_float, default=None, help=f"peak learning rate (default {r['lr']:g} random, {f['lr']:g} pretrained)")
-    g.add_argument("--warmup_steps", type=positive_int, default=None, help="warmup steps (default: a fraction of max_steps)")
-    g.add_argument("--weight_decay", type=non_negative_float, default=weight_decay, help="AdamW weight decay on matrices")
+    g.add_argument("--lr", type=positive_float, default=None, help=f"peak learning rate (default {r['lr']:g} random, "
+                   f"{f['lr']:g} pretrained)")
+    g.add_argument("--warmup_steps", type=positive_int, default=None, help="warmup steps (default: a fraction of "
+                   "max_steps)")
+    g.add_argument("--weight_decay", type=non_negative_float, default=weight_decay, help="AdamW weight decay on "
+                   "matrices")
     g.add_argument("--grad_clip", type=non_negative_float, default=1.0, help="clip the gradient norm (0: off)")
     g.add_argument("--seed", type=seed, default=1337, help="seed of the initialisation, dropout and batch order")
-    g.add_argument("--stop_at", type=non_negative_int, default=None, help="stop after this step with a checkpoint, as if interrupted (resume with --resume)")
+    g.add_argument("--stop_at", type=non_negative_int, default=None, help="stop after this step with a checkpoint, as "
+                   "if interrupted (resume with --resume)")
     s = p.add_argument_group("system")
-    s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default out/<dataset>-<attn>-<init>)")
+    s.add_argument("--out_dir", default=None, help="checkpoints, model.pt, results.json (default "
+                   "out/<dataset>-<attn>-<init>)")
     s.add_argument("--resume", action="store_true", help="continue the run in <out_dir> exactly where it stopped")
     s.add_argument("--eval_only", action="store_true", help="evaluate <out_dir>/model.pt on valid and test, then exit")
-    s.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
-    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto: bf16/fp16 on CUDA, fp32 on CPU)")
-    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model (default: on for CUDA, off on CPU)")
+    s.add_argument("--device", type=device_name, default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, "
+                   "cuda:1, mps")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="autocast "
+                   "dtype (auto: bf16/fp16 on CUDA, fp32 on CPU)")
+    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile the model "
+                   "(default: on for CUDA, off on CPU)")
     s.add_argument("--log_interval", type=positive_int, default=log_interval, help="steps between log lines")
-    s.add_argument("--eval_interval", type=positive_int, default=eval_interval, help="steps between evaluations and checkpoints")
+    s.add_argument("--eval_interval", type=positive_int, default=eval_interval, help="steps between evaluations and "
+                   "checkpoints")
     return g
 
 
