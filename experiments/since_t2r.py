@@ -120,6 +120,9 @@ def longer_name(recipe: str) -> str:  # the row of a LONGER run: shown apart fro
     return f"{recipe}, {MQAR_LONGER * MQAR_SIZES['full']['finetune_steps']} steps"
 
 
+LONGER_ROWS = {longer_name(recipe) for recipe in LONGER}  # the rows of the LONGER runs
+
+
 def mqar_runs() -> list:
     from experiments import mqar
     t2r = ("--attn", "t2r", "--feature_size", MAIN_K)
@@ -372,6 +375,13 @@ def cell(value, form: str = "{}") -> str:  # a table's cell: "-" where there is 
     return "-" if value is None else form.format(value)
 
 
+def decoded(folder: str) -> dict:  # a row's decoding columns, from its first run's decode.json (None where none)
+    path = os.path.join(folder, "decode.json")
+    found = read_json(path) if os.path.isfile(path) else {}
+    return dict(state_bytes=found.get("state_bytes"),
+                decode_tokens_per_s=round(found["tokens_per_s"]) if found else None)
+
+
 def minutes_per_run(results) -> float | None:  # a run's training minutes, the mean over a recipe's runs
     minutes = [r["train_minutes"] for r in results if "train_minutes" in r]
     return round(statistics.mean(minutes), 1) if minutes else None
@@ -396,13 +406,10 @@ def ptb_rows(study_out: str, out: str, size: dict) -> tuple:
         if recipe not in found:
             continue
         first = found[recipe][0][0]  # the first seed's folder: its decode.json
-        decode = os.path.join(first, "decode.json")
-        decode = read_json(decode) if os.path.isfile(decode) and recipe != "teacher" else {}
         mean, sd = mean_sd(values[recipe])
         rows.append(dict(task="ptb", recipe=recipe, softmax_layers=kept_layers(first, size["model"]["n_layer"], recipe),
                          metric="test_ppl", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
-                         seeds=len(values[recipe]), state_bytes=decode.get("state_bytes"),
-                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                         seeds=len(values[recipe]), **(decoded(first) if recipe != "teacher" else decoded("")),
                          train_minutes=minutes_per_run(r for _, r in found[recipe]),
                          runs=" ".join(shorten(folder) for folder, _ in found[recipe])))
     return with_gaps(rows), values
@@ -419,15 +426,13 @@ def mqar_rows() -> list:
             found.setdefault(run.model, []).append((folder, read_json(os.path.join(folder, "results.json"))))
     rows = []
     for recipe, runs in found.items():
-        first, decode = runs[0][0], os.path.join(runs[0][0], "decode.json")
-        decode = read_json(decode) if os.path.isfile(decode) else {}
+        first = runs[0][0]
         layers = 2 if recipe in ("teacher", "softmax control") else kept_layers(first, 2, recipe)
         for pairs in MQAR_PAIRS:
             mean, sd = mean_sd([r["accuracy"][str(pairs)] for _, r in runs])
             rows.append(dict(task=f"mqar{pairs}", recipe=recipe, softmax_layers=layers, metric="recall",
                              value=round(mean, 4), sd=None if sd is None else round(sd, 4), seeds=len(runs),
-                             state_bytes=runs[0][1]["state_bytes"][str(mqar.length_for(pairs))],
-                             decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                             **decoded(first) | {"state_bytes": runs[0][1]["state_bytes"][str(mqar.length_for(pairs))]},
                              train_minutes=minutes_per_run(r for _, r in runs),
                              runs=" ".join(shorten(folder) for folder, _ in runs)))
     return with_gaps(rows)
@@ -450,12 +455,9 @@ def hf_rows() -> list:
                              value=round(teacher["test"]["ppl"], 2), sd=None, seeds=1, runs=shorten(first)))
         results = [read_json(os.path.join(f, "results.json")) for f in folders]
         mean, sd = mean_sd([r["test"]["ppl"] for r in results])
-        decode = os.path.join(first, "decode.json")
-        decode = read_json(decode) if os.path.isfile(decode) else {}
         rows.append(dict(task="hf-llama", recipe=name, softmax_layers=kept_layers(first, 4, name), metric="test_ppl",
                          value=round(mean, 2), sd=None if sd is None else round(sd, 2), seeds=len(results),
-                         state_bytes=decode.get("state_bytes"),
-                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
+                         **decoded(first),
                          train_minutes=minutes_per_run(results),
                          runs=" ".join(shorten(f) for f in folders)))
     return with_gaps(rows)
@@ -473,16 +475,13 @@ def mt_rows() -> list:
     for recipe in ["teacher", *RECIPES]:
         if recipe not in found:
             continue
-        folders, decode = found[recipe], os.path.join(found[recipe][0], "decode.json")
+        folders = found[recipe]
         results = [read_json(os.path.join(f, "results.json")) for f in folders]
         mean, sd = mean_sd([r["test"]["bleu"] for r in results])
-        decode = read_json(decode) if os.path.isfile(decode) else {}
         layers = MT_SIZES["full"]["model"]["n_layer"]
         rows.append(dict(task="mt", recipe=recipe, softmax_layers=kept_layers(folders[0], layers, recipe),
                          metric="bleu", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
-                         seeds=len(results), state_bytes=decode.get("state_bytes"),
-                         decode_tokens_per_s=round(decode["tokens_per_s"]) if decode else None,
-                         train_minutes=minutes_per_run(results),
+                         seeds=len(results), **decoded(folders[0]), train_minutes=minutes_per_run(results),
                          runs=" ".join(shorten(f) for f in folders)))
     return with_gaps(rows)
 
@@ -520,7 +519,7 @@ def seeds_wanted(rows: list) -> dict:
     SD measured (a task with none has no spread to judge by). {task: {recipe: (its seeds, the rows it is close to)}}."""
     wanted = {}
     for task in dict.fromkeys(r["task"] for r in rows):
-        mine = [r for r in rows if r["task"] == task and r["recipe"] not in ("teacher", *map(longer_name, LONGER))]
+        mine = [r for r in rows if r["task"] == task and r["recipe"] not in {"teacher", *LONGER_ROWS}]
         measured = [r["sd"] for r in mine if r["sd"] is not None]
         if not measured:
             wanted[task] = None
@@ -569,7 +568,7 @@ def summary_lines(rows: list) -> list:
     for task, name in names.items():
         mine = {r["recipe"]: r for r in rows if r["task"] == task}
         linear = [r for r in mine.values() if r["softmax_layers"] == 0 and r["recipe"] != "t2r" and
-                  r["recipe"] not in map(longer_name, LONGER)]
+                  r["recipe"] not in LONGER_ROWS]
         if "t2r" not in mine or not linear:
             continue
         best = (min if task in ("ptb", "hf-llama") else max)(linear, key=lambda r: r["value"])  # ppl: lower

@@ -338,7 +338,8 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
     try:
         while todo and not dry_run or running:
             if interrupted:
-                raise KeyboardInterrupt
+                raise Interrupted("study interrupted: every run saved its checkpoint; rerun the same command to "
+                                  "continue")
             for run in [r for r in todo if ready(r, runs)][:jobs - len(running)]:
                 if interrupted:  # none started after a Ctrl-C
                     break
@@ -357,8 +358,6 @@ def execute(runs: list, dry_run: bool, jobs: int = 1, records: Records | None = 
                 elif records:
                     records.keep(run)
                     refuse_stale(runs, records)
-    except KeyboardInterrupt:
-        raise Interrupted("study interrupted: every run saved its checkpoint; rerun the same command to continue")
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C stops the waiting below
         for process in running:  # on Ctrl-C or a failed run: the others save and stop

@@ -11,6 +11,7 @@ layers/states.py's: families.py's and decay.py's grouped-query layers step with 
 
 import copy
 from functools import partial
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
@@ -221,17 +222,17 @@ def fused_attention_step(kind: type, attn: nn.Module, stackers: list):  # kind: 
 def decaying_maps(attn: DecayingAttention, folds: bool) -> tuple:
     """decay.py's layer's q, k, the key's mean over its d entries (what the gate reads: a map of its own, the mean of
     W_k's rows per head) and v, for one product. folds: W_phi merged into W_q and W_k (Eq. 8), which the layer does not
-    do itself, as its gate reads the unfolded key."""
+    do itself, as its gate reads the unfolded key; the layer is left as it is."""
     H, h = attn.k_proj.out_features // attn.d_head, attn.k_proj.in_features
     key_mean = nn.Linear(h, H, bias=attn.k_proj.bias is not None, device=attn.k_proj.weight.device,
                          dtype=attn.k_proj.weight.dtype)
     key_mean.weight.data.copy_(attn.k_proj.weight.detach().view(H, -1, h).mean(1))
     if attn.k_proj.bias is not None:
         key_mean.bias.data.copy_(attn.k_proj.bias.detach().view(H, -1).mean(1))
-    layer = copy.deepcopy(attn) if folds else attn
-    if folds:
-        fold_feature_map(layer)
-    return layer.q_proj, layer.k_proj, key_mean, layer.v_proj
+    if folds:  # fold_feature_map sets new q and k maps on what it is given: here a view of the layer's, not the layer
+        attn = SimpleNamespace(q_proj=attn.q_proj, k_proj=attn.k_proj, v_proj=attn.v_proj, feature_map=attn.feature_map)
+        fold_feature_map(attn)
+    return attn.q_proj, attn.k_proj, key_mean, attn.v_proj
 
 
 def unrolled_cross_attention(attn: nn.Module):
