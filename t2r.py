@@ -171,10 +171,14 @@ def source_state(fk, v, key_mask=None):
     return fk.transpose(-1, -2) @ v, fk.sum(-2)
 
 
+def state_sums(fq, S, z):
+    """Eq. 7 for every query at once, not yet divided: phi(q_i)^T S (B, H, T, d) and phi(q_i)^T z (B, H, T)."""
+    return fq @ S, (fq * z[:, :, None, :]).sum(-1)
+
+
 def linear_attention_noncausal(fq, fk, v, key_mask=None):
     """Cross attention: one state (S, z) over the whole source, O(S + T) instead of O(S T)."""
-    S, z = source_state(fk, v, key_mask)
-    return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))  # Eq. 7, for every query at once
+    return normalize(*state_sums(fq, *source_state(fk, v, key_mask)))  # Eqs. 5 and 7
 
 
 def linear_attention_chunked(fq, fk, v, chunk_size: int):
@@ -209,8 +213,8 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
 
 def linear_attention_prefill(fq, fk, v, S, z, chunk_size: int):  # fq, fk (B, H, T, k), v (B, H, T, d) -> (B, H, T, d)
     numerator, denominator = linear_attention_chunked_sums(fq, fk, v, chunk_size)  # Eq. 4 within the prompt
-    numerator = numerator + fq @ S  # phi(q_i)^T S_0: the positions before the prompt (Eq. 7)
-    denominator = denominator + (fq * z[:, :, None, :]).sum(-1)  # phi(q_i)^T z_0
+    numerator_before, denominator_before = state_sums(fq, S, z)  # Eq. 7 on S_0, z_0: the positions before the prompt
+    numerator, denominator = numerator + numerator_before, denominator + denominator_before
     S_prompt, z_prompt = source_state(fk, v)  # Eq. 5 over the prompt
     S += S_prompt  # in place, as a step's: S_T = S_0 + sum_j phi(k_j) v_j^T
     z += z_prompt  # z_T = z_0 + sum_j phi(k_j)
@@ -339,7 +343,7 @@ class LinearAttention(Attention):
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's S and z
         (fq,) = widened(*self.feature_map(self.heads(self.q_proj(x))))
         with full_precision(x.device):
-            out = normalize(fq @ state["S"], (fq * state["z"][:, :, None, :]).sum(-1))  # Eq. 7, every query at once
+            out = normalize(*state_sums(fq, state["S"], state["z"]))  # Eq. 7, every query at once
         return self.merge(out.to(x.dtype))
 
     def fold(self):  # Eq. 8, below
