@@ -213,8 +213,8 @@ def linear_attention_chunked_sums(fq, fk, v, chunk_size: int):
 
 def linear_attention_prefill(fq, fk, v, S, z, chunk_size: int):  # fq, fk (B, H, T, k), v (B, H, T, d) -> (B, H, T, d)
     numerator, denominator = linear_attention_chunked_sums(fq, fk, v, chunk_size)  # Eq. 4 within the prompt
-    numerator_before, denominator_before = state_sums(fq, S, z)  # Eq. 7 on S_0, z_0: the positions before the prompt
-    numerator, denominator = numerator + numerator_before, denominator + denominator_before
+    numerator = numerator + fq @ S  # phi(q_i)^T S_0: the positions before the prompt (Eq. 7)
+    denominator = denominator + (fq * z[:, :, None, :]).sum(-1)  # phi(q_i)^T z_0
     S_prompt, z_prompt = source_state(fk, v)  # Eq. 5 over the prompt
     S += S_prompt  # in place, as a step's: S_T = S_0 + sum_j phi(k_j) v_j^T
     z += z_prompt  # z_T = z_0 + sum_j phi(k_j)
