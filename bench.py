@@ -10,6 +10,8 @@ tokens (section capacity). The models: benchmarks/bench_models.py; the flags: be
     python bench.py --ckpt out/ptb-t2r-pretrained/ckpt.pt   # shapes and weights of a trained LM
     python bench.py --mt_runs out/mt-libreoffice-en-de-softmax-random,out/mt-libreoffice-en-de-t2r-pretrained
     python bench.py --device cuda --dtype bfloat16   # a GPU: batch 1, 16, 256, training to 16384, capacity
+    python bench.py --device cuda --dtype bfloat16 --only train_attn --d_model 1024 --n_head 16 --train_batch 8
+                                             # one layer's training where the GPU's arithmetic, not launches, bounds it
 
 Outputs in --out_dir (default results/bench; with --quick, out/bench-quick):
   bench.csv   one row per measurement, columns: section,model,batch,length,metric,value,unit,device
@@ -348,6 +350,9 @@ def main(argv=None):
         print(f"shapes and weights from {args.ckpt} (feature maps of other kinds stay random)")
     torch.manual_seed(args.seed)
     print(f"bench: {machine_line(args.device)}", flush=True)
+    c = lm_config(args)
+    print(f"the LM: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads, d_ff {c.d_ff}, vocabulary "
+          f"{c.vocab_size}", flush=True)
     start = time.perf_counter()
     rows, lm_models = [], [n for n in LM_MODELS if not (n.endswith("_graph") and args.device.type != "cuda")
                            and not (n.endswith("_compiled") and args.quick)]

@@ -24,6 +24,7 @@ FULL_CUDA = dict(batch_sizes="1,16,256", train_lengths="1024,2048,4096,8192,1638
 QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
              memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, pair_rounds=3, pair_steps=4,
              vocab_size=1000, out_dir="out/bench-quick")
+RANDOM_LM = dict(n_layer=4, n_head=4, d_model=256)  # the shapes measured without --ckpt; --d_model, --n_head change them
 QUICK_CAPACITY = 256  # --quick's capacity search stops at this batch: a smoke test leaves the GPU to the tests beside it
 
 
@@ -82,6 +83,9 @@ def make_parser() -> Parser:
                    help="timed generation runs; per-step times are the elementwise median")
     p.add_argument("--vocab_size", type=int, default=None, help="the random LM's vocabulary "
                    f"({FULL['vocab_size']}; its output layer is a large share of a step's time; --ckpt brings its own)")
+    p.add_argument("--d_model", type=int, default=None, help=f"the random LM's width ({RANDOM_LM['d_model']}; its "
+                   "feed-forward 4x as wide): a GPU's arithmetic shows at 1024 and more, a small width times launches")
+    p.add_argument("--n_head", type=int, default=None, help=f"the random LM's heads ({RANDOM_LM['n_head']})")
     p.add_argument("--ckpt", default="", help="optional train_lm.py checkpoint: its LM shapes and the weights that fit")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=seed, default=1337, help="torch.manual_seed of the random weights and tokens")
@@ -119,6 +123,12 @@ def get_args(argv=None):
         p.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPU cores; pass at most that")
     if args.vocab_size < 2:
         p.error("--vocab_size must be at least 2")
+    if args.ckpt and (args.d_model or args.n_head):
+        p.error("--d_model and --n_head size the random LM: --ckpt brings its own shapes; pass one or the other")
+    args.d_model, args.n_head = args.d_model or RANDOM_LM["d_model"], args.n_head or RANDOM_LM["n_head"]
+    if args.n_head < 1 or args.d_model < 1 or args.d_model % args.n_head:
+        p.error(f"--d_model {args.d_model} and --n_head {args.n_head}: the width must split into whole heads "
+                "(both at least 1, d_model a multiple of n_head)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     if "t2r32_graph" in args.models and not cuda:

@@ -70,8 +70,10 @@ PAIRS = (("t2r32", "proj_only"), ("t2r32_compiled", "proj_only_compiled"))  # se
 # Builders
 
 def lm_config(args, **overrides) -> Config:
-    """The default small LM (4 layers, d=256, 4 heads, --vocab_size), or the shapes of --ckpt."""
-    base = dict(vocab_size=args.vocab_size, n_layer=4, n_head=4, d_model=256, d_ff=1024, dropout=0.0)
+    """The random LM (4 layers, --d_model, --n_head, a feed-forward 4x as wide, --vocab_size), or the shapes of
+    --ckpt."""
+    base = dict(vocab_size=args.vocab_size, n_layer=4, n_head=args.n_head, d_model=args.d_model,
+                d_ff=4 * args.d_model, dropout=0.0)
     if args.ckpt_config:
         base.update({k: args.ckpt_config[k] for k in ("vocab_size", "n_layer", "n_head", "d_model", "d_ff",
                                                       "pre_norm", "tie_embeddings") if k in args.ckpt_config})

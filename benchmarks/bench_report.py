@@ -66,7 +66,7 @@ def value(rows, section, model, batch, length, metric):
 def ratios(rows, args) -> list:
     """bench.md's first table: T2R against softmax, against the floors (floor, proj_only) and against its own
     shorter lengths, each as (what, measured, goal, verdict); n/a where a length was not run."""
-    lengths = sorted({r["length"] for r in rows if r["section"] == "gen"}) or [None]
+    lengths = sorted({r["length"] for r in rows if r["section"] == "gen"}) or args.lengths  # unmeasured: as asked
     lo, hi, N, tps = lengths[0], lengths[-1], args.memory_length, "tokens_per_s"
     gen = lambda model, batch, length, metric: ("gen", model, batch, length, metric)
     attn = lambda model, length, metric: ("train_attn", model, None, length, metric)

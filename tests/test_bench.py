@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import bench
-from benchmarks import bench_flags, bench_report, bench_tools
+from benchmarks import bench_flags, bench_models, bench_report, bench_tools
 from conftest import assert_one_line_error, run, run_in_process
 from t2r import Config, TransformerLM
 
@@ -177,6 +177,21 @@ def test_explicit_flags_win_over_quick():
     assert bench_flags.get_args(["--only", "train,gen"]).only == ["train_attn", "train_lm", "gen"]
 
 
+@pytest.mark.parametrize("flags, width, heads", [([], 256, 4), (["--d_model", "64", "--n_head", "2"], 64, 2)])
+@pytest.mark.parametrize("name", ["softmax_sdpa", "t2r_chunked", "t2r_window64"])
+def test_the_random_models_take_the_width_and_heads_of_the_flags(flags, width, heads, name):
+    """--d_model and --n_head size every model bench.py builds (a GPU's arithmetic shows at 1024 and more)."""
+    args = bench_flags.get_args([*flags, "--device", "cpu", "--out_dir", "out/bench-quick"])
+    args.device, args.ckpt_config, args.ckpt_state = torch.device("cpu"), None, None
+    config = bench_models.lm_config(args)
+    assert (config.d_model, config.n_head, config.d_ff) == (width, heads, 4 * width)
+    layer = bench_models.train_model("train_attn", name, args)
+    assert (layer.q_proj.in_features, layer.n_head) == (width, heads)
+    lm = bench_models.train_model("train_lm", name, args)
+    assert (lm.config.d_model, lm.layers[0].self_attn.q_proj.in_features, lm.layers[0].self_attn.n_head) == \
+        (width, width, heads)
+
+
 def test_the_defaults_follow_the_device(monkeypatch):
     """--device auto on a GPU: FULL_CUDA's batch sizes and lengths, and the capacity section (a CPU would swap, not
     run out of memory); on a CPU, FULL's and no capacity."""
@@ -240,6 +255,8 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     ("--seed 18446744073709551616", "is not a seed from 0 to 2**63 - 1"),
     ("--only mt", "--only mt decodes the translators of --mt_runs"),
     ("--only gen --models t2r32-4", "no model that --only gen measures"),
+    ("--d_model 30 --n_head 4", "the width must split into whole heads"),
+    ("--ckpt model.pt --d_model 64", "--ckpt brings its own shapes"),
 ])
 def test_bad_input_is_a_one_line_error(run_here, flags, fragment, tmp_path):
     assert_one_line_error(run_here("bench.py", *flags.split(), "--out_dir", tmp_path, cwd=tmp_path), fragment)
