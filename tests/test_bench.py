@@ -9,6 +9,7 @@ bench.py runs end to end (--quick, into out/bench-quick) and writes what its doc
 import csv
 import importlib.util
 import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ import torch
 
 import bench
 from benchmarks import bench_flags, bench_models, bench_report, bench_tools
-from conftest import assert_one_line_error, run, run_in_process
+from conftest import ROOT, assert_one_line_error, run, run_in_process
 from t2r import Config, TransformerLM
 
 
@@ -268,6 +269,14 @@ def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(run_here, 
     result = run_here("bench.py", "--quick", "--out_dir", "taken/bench", cwd=tmp_path)
     assert_one_line_error(result, "--out_dir taken/bench cannot be written (Not a directory)")
     assert "bench:" not in result.stdout  # nothing measured
+
+
+def test_the_gpu_checks_refuse_a_machine_without_cuda_before_any_work(tmp_path):
+    """benchmarks/gpu_checks.sh, the GPU's checks as one command, says so in one line where no CUDA device is."""
+    result = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_checks.sh"), str(tmp_path / "gpu")],
+                            cwd=ROOT, capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert_one_line_error(result, "no CUDA device here")
+    assert not (tmp_path / "gpu").exists()
 
 
 def test_an_out_dir_that_is_a_file_is_refused_before_any_work(run_here, tmp_path):
