@@ -25,7 +25,7 @@ from families import (FamilyConfig, FamilyLM, GroupedAttention, GroupedLinearAtt
                       shared)
 from layers.states import full_precision, widened
 from t2r import (LinearAttention, Seq2SeqTransformer, SoftmaxAttention, convert, linear_attention_chunked_sums,
-                 normalize, softmax_attention, state_sums)
+                 normalize, softmax_attention)
 
 # -----------------------------------------------------------------------------
 # The sliding-window hybrid (LoLCATs, Zhang et al. 2025; Liger, Lan et al. 2025): softmax over the last W
@@ -93,8 +93,8 @@ def window_attention_prefill(q, k, fq, phi, v, state, window: int, gate, chunk_s
     fk = phi(keys)  # (B, H, held + T, k)
     queries, fqs = (F.pad(x, (0, 0, held, 0)) for x in (q, fq))  # the ring's positions ask nothing: dropped below
     numerator, denominator = window_attention_chunked_sums(queries, keys, fqs, fk, values, W, gate, chunk_size)
-    numerator_before, denominator_before = state_sums(fq, S, z)  # Eq. 7: the tokens before the window, every query
-    numerator, denominator = numerator[:, :, held:] + numerator_before, denominator[:, :, held:] + denominator_before
+    numerator = numerator[:, :, held:] + fq @ S  # Eq. 7's sums of the tokens before the window, to every query
+    denominator = denominator[:, :, held:] + (fq * z[:, :, None]).sum(-1)
     leaving = max(0, held + T - W)  # keys of positions t - held .. t + T - W - 1 leave the window: into S and z
     S += fk[:, :, :leaving].transpose(-1, -2) @ values[:, :, :leaving]
     z += fk[:, :, :leaving].sum(-2)

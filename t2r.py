@@ -171,14 +171,10 @@ def source_state(fk, v, key_mask=None):
     return fk.transpose(-1, -2) @ v, fk.sum(-2)
 
 
-def state_sums(fq, S, z):
-    """Eq. 7 for every query at once, not yet divided: phi(q_i)^T S (B, H, T, d) and phi(q_i)^T z (B, H, T)."""
-    return fq @ S, (fq * z[:, :, None, :]).sum(-1)
-
-
 def linear_attention_noncausal(fq, fk, v, key_mask=None):
     """Cross attention: one state (S, z) over the whole source, O(S + T) instead of O(S T)."""
-    return normalize(*state_sums(fq, *source_state(fk, v, key_mask)))  # Eqs. 5 and 7
+    S, z = source_state(fk, v, key_mask)
+    return normalize(fq @ S, (fq * z[:, :, None, :]).sum(-1))  # Eq. 7, for every query at once
 
 
 def linear_attention_chunked(fq, fk, v, chunk_size: int):
@@ -343,7 +339,7 @@ class LinearAttention(Attention):
     def prefill_cross(self, x, state):  # x (B, T, h): T queries read the source's S and z
         (fq,) = widened(*self.feature_map(self.heads(self.q_proj(x))))
         with full_precision(x.device):
-            out = normalize(*state_sums(fq, state["S"], state["z"]))  # Eq. 7, every query at once
+            out = normalize(fq @ state["S"], (fq * state["z"][:, :, None, :]).sum(-1))  # Eq. 7, every query at once
         return self.merge(out.to(x.dtype))
 
     def fold(self):  # Eq. 8, below
