@@ -2,7 +2,7 @@
 # The GPU checks as one command, for a CUDA machine lent for minutes (results/bench-gpu/README.md holds what they
 # gave). From the repository's root:
 #
-#     bash benchmarks/gpu_checks.sh OUT      # about 7 minutes on an H200; OUT: where its 6 files go
+#     bash benchmarks/gpu_checks.sh OUT      # at most 9.5 minutes (its parts' time limits); OUT: its 6 files
 #
 # In order, the new figures first, each under its own time limit so that one stuck part leaves the others:
 #   1. gpu.txt: the card, the driver, torch, Triton and fla
@@ -31,11 +31,11 @@ export PYTHONUNBUFFERED=1
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 -c "import fla; print('fla', fla.__version__)" 2>&1 | tail -1; } > "$out/gpu.txt" 2>&1
 
-timeout 150 python3 bench.py --device cuda --dtype bfloat16 --only prefill --out_dir "$work/prefill" 2>&1 \
-    | tee "$out/prefill.log"
+timeout 170 python3 bench.py --device cuda --dtype bfloat16 --only prefill --lengths 128,512,2048,8192 \
+    --gen_repeats 3 --out_dir "$work/prefill" 2>&1 | tee "$out/prefill.log"
 cp "$work/prefill/bench.csv" "$out/prefill.csv" 2>/dev/null
-timeout 120 python3 bench.py --device cuda --dtype bfloat16 --only train_attn --d_model 1024 --n_head 16 \
+timeout 100 python3 bench.py --device cuda --dtype bfloat16 --only train_attn --d_model 1024 --n_head 16 \
     --train_batch 8 --out_dir "$work/train_wide" 2>&1 | tee "$out/train_wide.log"
 cp "$work/train_wide/bench.csv" "$out/train_wide.csv" 2>/dev/null
-timeout 270 python3 -m pytest -q -n 15 -rfEs -p no:cacheprovider 2>&1 | tee "$out/suite.log" | tail -40
+timeout 300 python3 -m pytest -q -n 15 -rfEs -p no:cacheprovider 2>&1 | tee "$out/suite.log" | tail -40
 rm -rf "$work"
