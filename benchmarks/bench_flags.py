@@ -24,7 +24,7 @@ FULL_CUDA = dict(batch_sizes="1,16,256", train_lengths="1024,2048,4096,8192,1638
 QUICK = dict(lengths="8,16", batch_sizes="1,16", s2s_lengths="8,16", s2s_batch_sizes="16", recompute_max=8,
              memory_length=64, train_lengths="32,64", quadratic_max=64, repeats=2, pair_rounds=3, pair_steps=4,
              vocab_size=1000, out_dir="out/bench-quick")
-RANDOM_LM = dict(n_layer=4, n_head=4, d_model=256)  # the shapes measured without --ckpt; --d_model, --n_head change them
+RANDOM_LM = dict(n_head=4, d_model=256)  # the random LM's heads and width unless --n_head, --d_model say
 QUICK_CAPACITY = 256  # --quick's capacity search stops at this batch: a smoke test leaves the GPU to the tests beside it
 
 
