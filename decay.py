@@ -118,8 +118,10 @@ class DecayingAttention(LinearAttention):
             S.copy_(S_after), z.copy_(z_after)  # in place, as a step's
         return self.merge(normalize(numerator, denominator).to(x.dtype))
 
-    def fold(self):  # nothing: the gate reads the key itself, which folding (Eq. 8) would not form (the fast step
-        pass         # folds a copy, the key's mean its own row: support/fast_step.py's decaying_maps)
+    # Nothing to fold: the gate reads the key itself, which folding (Eq. 8) would not form. The fast step folds a copy,
+    # the key's mean a row of its own (support/fast_step.py's decaying_maps).
+    def fold(self):
+        pass
 
     def new_tensors(self) -> list:  # the gates' beta are new too
         return super().new_tensors() + ["gate_bias"]

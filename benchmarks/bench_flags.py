@@ -13,7 +13,7 @@ import tempfile
 import torch
 
 from benchmarks.bench_models import CAPACITY_MODELS, GEN_MODELS, LM_MODELS, PAIRS, S2S_MODELS, SRU_MODELS
-from support.runtime import Parser, non_negative_int, seed
+from support.runtime import Parser, non_negative_int, positive_int, seed
 
 SECTIONS = ("gen", "prefill", "pairs", "s2s", "memory", "capacity", "train_attn", "train_lm", "mt")  # mt: --mt_runs; capacity: GPU
 FULL = dict(lengths="128,256,512,1024,2048,4096,8192", batch_sizes="1,16", s2s_lengths="16,32,64,128,256,512,1024,"
@@ -83,9 +83,10 @@ def make_parser() -> Parser:
                    help="timed generation runs; per-step times are the elementwise median")
     p.add_argument("--vocab_size", type=int, default=None, help="the random LM's vocabulary "
                    f"({FULL['vocab_size']}; its output layer is a large share of a step's time; --ckpt brings its own)")
-    p.add_argument("--d_model", type=int, default=None, help=f"the random LM's width ({RANDOM_LM['d_model']}; its "
-                   "feed-forward 4x as wide): a GPU's arithmetic shows at 1024 and more, a small width times launches")
-    p.add_argument("--n_head", type=int, default=None, help=f"the random LM's heads ({RANDOM_LM['n_head']})")
+    p.add_argument("--d_model", type=positive_int, default=None, help="the random LM's width "
+                   f"({RANDOM_LM['d_model']}; its feed-forward 4x as wide): a GPU's arithmetic shows at 1024 and more, "
+                   "a small width times launches")
+    p.add_argument("--n_head", type=positive_int, default=None, help=f"the random LM's heads ({RANDOM_LM['n_head']})")
     p.add_argument("--ckpt", default="", help="optional train_lm.py checkpoint: its LM shapes and the weights that fit")
     p.add_argument("--threads", type=non_negative_int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--seed", type=seed, default=1337, help="torch.manual_seed of the random weights and tokens")
@@ -123,12 +124,13 @@ def get_args(argv=None):
         p.error(f"--threads {args.threads}: this machine has {os.cpu_count()} CPU cores; pass at most that")
     if args.vocab_size < 2:
         p.error("--vocab_size must be at least 2")
-    if args.ckpt and (args.d_model or args.n_head):
+    if args.ckpt and (args.d_model, args.n_head) != (None, None):
         p.error("--d_model and --n_head size the random LM: --ckpt brings its own shapes; pass one or the other")
-    args.d_model, args.n_head = args.d_model or RANDOM_LM["d_model"], args.n_head or RANDOM_LM["n_head"]
-    if args.n_head < 1 or args.d_model < 1 or args.d_model % args.n_head:
+    args.d_model, args.n_head = (RANDOM_LM[name] if getattr(args, name) is None else getattr(args, name)
+                                 for name in ("d_model", "n_head"))
+    if args.d_model % args.n_head:
         p.error(f"--d_model {args.d_model} and --n_head {args.n_head}: the width must split into whole heads "
-                "(both at least 1, d_model a multiple of n_head)")
+                "(d_model a multiple of n_head)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is available")
     if "t2r32_graph" in args.models and not cuda:

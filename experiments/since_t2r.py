@@ -375,9 +375,9 @@ def cell(value, form: str = "{}") -> str:  # a table's cell: "-" where there is 
     return "-" if value is None else form.format(value)
 
 
-def decoded(folder: str) -> dict:  # a row's decoding columns, from its first run's decode.json (None where none)
-    path = os.path.join(folder, "decode.json")
-    found = read_json(path) if os.path.isfile(path) else {}
+def decoded(folder: str | None) -> dict:  # a row's decoding columns, from its first run's decode.json (None where none)
+    path = folder and os.path.join(folder, "decode.json")
+    found = read_json(path) if path and os.path.isfile(path) else {}
     return dict(state_bytes=found.get("state_bytes"),
                 decode_tokens_per_s=round(found["tokens_per_s"]) if found else None)
 
@@ -409,7 +409,7 @@ def ptb_rows(study_out: str, out: str, size: dict) -> tuple:
         mean, sd = mean_sd(values[recipe])
         rows.append(dict(task="ptb", recipe=recipe, softmax_layers=kept_layers(first, size["model"]["n_layer"], recipe),
                          metric="test_ppl", value=round(mean, 2), sd=None if sd is None else round(sd, 2),
-                         seeds=len(values[recipe]), **(decoded(first) if recipe != "teacher" else decoded("")),
+                         seeds=len(values[recipe]), **decoded(first if recipe != "teacher" else None),
                          train_minutes=minutes_per_run(r for _, r in found[recipe]),
                          runs=" ".join(shorten(folder) for folder, _ in found[recipe])))
     return with_gaps(rows), values
@@ -432,7 +432,8 @@ def mqar_rows() -> list:
             mean, sd = mean_sd([r["accuracy"][str(pairs)] for _, r in runs])
             rows.append(dict(task=f"mqar{pairs}", recipe=recipe, softmax_layers=layers, metric="recall",
                              value=round(mean, 4), sd=None if sd is None else round(sd, 4), seeds=len(runs),
-                             **decoded(first) | {"state_bytes": runs[0][1]["state_bytes"][str(mqar.length_for(pairs))]},
+                             **{**decoded(first),  # MQAR's state at the sequence's end, from its results
+                                "state_bytes": runs[0][1]["state_bytes"][str(mqar.length_for(pairs))]},
                              train_minutes=minutes_per_run(r for _, r in runs),
                              runs=" ".join(shorten(folder) for folder, _ in runs)))
     return with_gaps(rows)

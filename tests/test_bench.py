@@ -180,9 +180,9 @@ def test_explicit_flags_win_over_quick():
 
 @pytest.mark.parametrize("flags, width, heads", [([], 256, 4), (["--d_model", "64", "--n_head", "2"], 64, 2)])
 @pytest.mark.parametrize("name", ["softmax_sdpa", "t2r_chunked", "t2r_window64"])
-def test_the_random_models_take_the_width_and_heads_of_the_flags(flags, width, heads, name):
+def test_the_random_models_take_the_width_and_heads_of_the_flags(flags, width, heads, name, tmp_path):
     """--d_model and --n_head size every model bench.py builds (a GPU's arithmetic shows at 1024 and more)."""
-    args = bench_flags.get_args([*flags, "--device", "cpu", "--out_dir", "out/bench-quick"])
+    args = bench_flags.get_args([*flags, "--device", "cpu", "--out_dir", str(tmp_path)])
     args.device, args.ckpt_config, args.ckpt_state = torch.device("cpu"), None, None
     config = bench_models.lm_config(args)
     assert (config.d_model, config.n_head, config.d_ff) == (width, heads, 4 * width)
@@ -258,6 +258,7 @@ def test_largest_batch_finds_the_limit_within_a_64th(limit, monkeypatch):
     ("--only gen --models t2r32-4", "no model that --only gen measures"),
     ("--d_model 30 --n_head 4", "the width must split into whole heads"),
     ("--ckpt model.pt --d_model 64", "--ckpt brings its own shapes"),
+    ("--d_model 0", "argument --d_model: 0 is not a positive integer"),
 ])
 def test_bad_input_is_a_one_line_error(run_here, flags, fragment, tmp_path):
     assert_one_line_error(run_here("bench.py", *flags.split(), "--out_dir", tmp_path, cwd=tmp_path), fragment)
