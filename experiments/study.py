@@ -14,11 +14,11 @@ while they are there. A finished run's results are kept in results/runs/ (experi
 continued on a new machine, whose out/ is empty, trains only what is missing. A run with a results.json is
 skipped (refused where its args.json differs from the plan's flags), a run with a ckpt.pt but no results.json is
 resumed, so an interrupted study (Ctrl-C, or `kill -INT` of this script: each run saves first) continues where it
-stopped. With --jobs 2 two runs share the machine, a conversion starting once its teacher is trained. Then
-experiments/gather.py collects each run's results into results/*.csv and results/machine.json (from its out_dir, or
-its record where out/ lacks it: in a fresh checkout the results stage rebuilds the committed files, or refuses in one
-line to write fewer runs over them), and experiments/report.py turns those files alone into the tables, plots and
-claims of results/README.md.
+stopped; a run killed before its first checkpoint starts again. With --jobs 2 two runs share the machine, a
+conversion starting once its teacher is trained. Then experiments/gather.py collects each run's results into
+results/*.csv and results/machine.json (from its out_dir, or its record where out/ lacks it: in a fresh checkout the
+results stage rebuilds the committed files, or refuses in one line to write fewer runs over them), and
+experiments/report.py turns those files alone into the tables, plots and claims of results/README.md.
 
 The sizes: about 18 hours on a 2-core CPU, two runs at a time (measured on a 2-core EPYC, 2026-11-24: 1,894
 training minutes over the first 44 runs; a 2400-step language model 65-108 minutes, a finetuning 14-29, a translator
@@ -49,6 +49,7 @@ from experiments.report import write_report
 from experiments.runs import ROOT, Run, missing_probes, read_json, shorten, state, trained
 from experiments.sizes import LM_LR, LM_SIZES, MT_LR, MT_SIZES
 from support.configs import feature_sizes
+from support.run_files import earlier_outputs
 from support.runtime import Interrupted, Parser, UserError, positive_int, run_main, write_json
 from t2r import Config
 
@@ -241,6 +242,12 @@ def start(run: Run, threads: int):
     on once (a second one would stop a run without saving)."""
     os.makedirs(run.out_dir, exist_ok=True)
     what = missing_probes(run)[0][0] if state(run) == "probe" else "training"
+    left = [n for n in earlier_outputs(run.out_dir) if n.startswith("snapshot_")] if state(run) == "todo" else []
+    if left:  # of a start killed (not interrupted: that saves) before its first ckpt.pt: the trainer would refuse them
+        for name in left:
+            os.remove(os.path.join(run.out_dir, name))
+        print(f"{run.name}: removed {len(left)} snapshot_*.pt of a start killed before its first checkpoint",
+              flush=True)
     print(f"started {run.name}" + ("" if what == "training" else f": its probe {what}"), flush=True)
     with open(os.path.join(run.out_dir, "train.log"), "a") as log:
         process = subprocess.Popen(command(run), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

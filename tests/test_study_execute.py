@@ -106,6 +106,16 @@ def test_a_failed_run_is_an_error_naming_its_log(tmp_path):
         study.execute([teacher], dry_run=False, jobs=2)
 
 
+def test_a_start_killed_before_its_first_checkpoint_starts_again_without_its_snapshots(tmp_path, capsys):
+    teacher = fake_plan(tmp_path, seconds=0.1)[0]
+    os.makedirs(teacher.out_dir)
+    for step in (20, 40):  # what a translator killed at step 50 leaves (SIGKILL: no ckpt.pt)
+        open(os.path.join(teacher.out_dir, f"snapshot_{step:07d}.pt"), "w").close()
+    study.execute([teacher], dry_run=False, jobs=1)
+    assert runs.run_state(teacher.out_dir) == "done" and not list((tmp_path / "teacher").glob("snapshot_*"))
+    assert "teacher: removed 2 snapshot_*.pt of a start killed before its first checkpoint" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kept_in", ["out", "its record"])
 def test_a_finished_run_the_plan_has_changed_since_is_refused(tmp_path, kept_in):
     plan, records = kept_plan(tmp_path)
