@@ -667,9 +667,9 @@ def mt_lines(rows: list) -> list:
     lines = ["", "## The translator (the study's Table 2 model: 3+3 layers, d_model 128, the LibreOffice corpus)", "",
              f"Its teacher trained again here with the study's flags (seed {MT_SEED}); each recipe finetunes it "
              f"{size['finetune_steps']} steps at lr {MT_LR['finetune']:g} (the study's conversion: T2R's k = 4 in the "
-             "decoder's causal attention, 32 in its cross attention), one seed (more where named: their mean and SD); "
-             "the parts and the chosen layer are "
-             "the decoder's causal attention's; the control trains the teacher on as long, softmax. Test BLEU: "
+             "decoder's causal attention, 32 in its cross attention), with as many seeds as the seeds column says "
+             "(their mean and SD); the parts and the chosen layer are the decoder's causal attention's; the control "
+             "trains the teacher on as long, softmax. Test BLEU: "
              "detokenized SacreBLEU, beam 5. Decoding: greedy tokens/s at batch 16 on the test sentences (the "
              f"study's speed probe, the median of {SPEED_PASSES} passes, the recipes taking turns), and one "
              "sentence's decoder state after "
