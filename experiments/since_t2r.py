@@ -537,7 +537,8 @@ def seeds_wanted(rows: list) -> dict:
 
 
 def seed_rule_lines(rows: list) -> list:
-    lines = ["", "## Seeds", "", "The rule: where two rows of a task differ by less than twice their spread (the "
+    lines = ["", "## Seeds", "", "The rule: where two rows of a task (the teacher and the longer MQAR runs aside) "
+             "differ by less than twice their spread (the "
              f"larger SD of the two; a row of one seed takes its task's largest SD), each has {SEED_RULE} seeds. What "
              "it still asks for:", ""]
     for task, found in seeds_wanted(rows).items():
@@ -605,7 +606,8 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
               "unchanged. Test perplexity: the mean of the seeds, their SD. Decoding: greedy tokens/s at batch 1 after "
               f"a {DECODE_PROMPT}-token prompt read by prefill ({DECODE_TOKENS} steps, the median of {DECODE_PASSES} "
               f"passes after an untimed one, the recipes taking turns, on the first seed's weights), and the state's "
-              f"bytes then. {TRAIN_MINUTES_NOTE} "
+              "bytes then (a KV cache's as allocated: its capacity doubles as it fills, layers/states.py). "
+              f"{TRAIN_MINUTES_NOTE} "
               f"Trained on: {machines(folders)}.", "",
               "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
               "| train minutes |",
@@ -652,8 +654,8 @@ def page_lines(rows: list, values: dict, study_out: str, out: str, size: dict) -
         lines.append(f"- one layer kept softmax, chosen by data, against every 4th (the paper's T2R 75%, of "
                      f"{n_layer} layers layer {min(every)}, 0 the bottom): the ranking kept layer "
                      f"{', '.join(str(p[0]) for p in picks)} (seeds {seeds}): "
-                     + (f"{chosen_beats_every_kth([], [], every, every)}, so the same model: the study's T2R 75% "
-                        "row is it, from the seed-0 teacher" if same else "see the seeds"))
+                     + (f"{chosen_beats_every_kth([], [], every, every)}, so the t2r+chosen1 row above is the paper's "
+                        "T2R 75% on this teacher" if same else "see the seeds"))
     rules = ("since-part-helps", "since-near-control", "since-chosen-layers")
     lines += [f"  (rules: {', '.join(f'{i} {when(BY_ID[i])}' for i in rules)})"]
     return lines + mt_lines(rows) + mqar_lines(rows) + hf_lines(rows) + seed_rule_lines(rows)
@@ -710,11 +712,10 @@ def hf_lines(rows: list) -> list:
         return ["", "## The hf: recipe's Llama", "", "Not run yet: `python -m experiments.since_t2r --stage hf`."]
     lines = ["", "## The hf: recipe's Llama (experiments/hf_recipe.py's teacher: 4 layers, 128 wide, 4 query and 2 "
              "key/value heads, rotary positions)", "",
-             f"Converted with HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
+             f"Converted with train_lm.py's HF_RECIPE ({HF_RECIPE['transfer_steps']} steps of attention transfer, then "
              f"{HF_RECIPE['max_steps']} at lr {HF_RECIPE['lr']:g}) and each part (one seed; three for the two "
-             "all-linear recipes HF_PARTS chose between and where the seed rule asked: their mean); the control: "
-             "the teacher "
-             "trained on as long, softmax. Trained on: "
+             "all-linear recipes train_lm.py's HF_PARTS chose between and where the seed rule asked: their mean); "
+             "the control: the teacher trained on as long, softmax. Trained on: "
              f"{machines([os.path.join(ROOT, f) for r in hf for f in r['runs'].split()])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
              f"was trained on). {TRAIN_MINUTES_NOTE}", "",
@@ -736,8 +737,9 @@ def mqar_lines(rows: list) -> list:
     from experiments.sizes import MQAR_SIZES
     size = MQAR_SIZES["full"]
     lines = ["", "## MQAR (experiments/mqar.py's 2-layer softmax teacher, d_model 128, 4 heads)", "",
-             f"Each recipe finetunes the teacher {size['finetune_steps']} steps (or as many as its name says), "
-             f"k = {MAIN_K}, from train_lm.py's seed and from as many more as the seeds column says (their mean); "
+             f"Each recipe finetunes the teacher {size['finetune_steps']} steps (the longer runs below: "
+             f"{MQAR_LONGER * size['finetune_steps']}), k = {MAIN_K}, with as many seeds as the seeds column says, "
+             "train_lm.py's default seed first (their mean); "
              "recall on the same fixed test sequences, the state's bytes after the sequence. The layer kept softmax "
              "by the paper's placement is every 2nd: of 2 layers, every 4th would keep none. Decoding as PTB's, "
              f"after a {MQAR_DECODE[0]}-token prompt, {MQAR_DECODE[1]} steps (a 64-pair sequence's length). "
