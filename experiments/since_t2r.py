@@ -719,10 +719,11 @@ def hf_lines(rows: list) -> list:
              f"{machines([os.path.join(ROOT, f) for r in hf for f in r['runs'].split()])}.", "",
              f"Decoding as PTB's, after a {HF_DECODE[0]}-token prompt, {HF_DECODE[1]} steps (the positions it "
              f"was trained on). {TRAIN_MINUTES_NOTE}", "",
-             "| recipe | softmax layers | test ppl | seeds | vs teacher | vs control | state bytes | tokens/s "
+             "| recipe | softmax layers | test ppl | SD | seeds | vs teacher | vs control | state bytes | tokens/s "
              "| train minutes |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {r['seeds']} | "
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['recipe']} | {r['softmax_layers']} | {r['value']:.2f} | {cell(r['sd'], '{:.2f}')} | "
+              f"{r['seeds']} | "
               f"{cell(r['gap_to_teacher'], '{:+.2f}')} | "
               f"{cell(r['gap_to_control'], '{:+.2f}')} | {cell(r.get('state_bytes'), '{:,}')} | "
               f"{cell(r.get('decode_tokens_per_s'))} | {cell(r.get('train_minutes'))} |" for r in hf]
