@@ -24,6 +24,8 @@ flags = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 out, teacher = flags["--out_dir"], os.path.dirname(flags.get("--pretrained", ""))
 signals = []
 signal.signal(signal.SIGINT, lambda *_: signals.append(1))
+if any(name.startswith("snapshot_") for name in os.listdir(out)):  # as train_mt.py refuses an earlier run's outputs
+    sys.exit(2)
 time.sleep(float(flags.get("--slow_start", 0)))  # as a Python start on a loaded machine
 start = time.time()
 open(os.path.join(out, "started"), "w").close()
